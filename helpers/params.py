@@ -1,0 +1,76 @@
+"""Check notebook parameters up front, so a typo fails in a second with a clear message
+instead of minutes later inside a Ray worker."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class ParameterError(ValueError):
+    """One or more notebook parameters are invalid; the message lists every problem."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _concurrency_ok(value: Any) -> bool:
+    if _is_int(value):
+        return value >= 1
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
+        return 1 <= value[0] <= value[1]
+    return False
+
+
+def common_problems(p: Mapping[str, Any]) -> list[str]:
+    """Problems with the parameters both notebooks share."""
+    problems = []
+    if p["LIMIT"] is not None and not (_is_int(p["LIMIT"]) and p["LIMIT"] >= 1):
+        problems.append(f"LIMIT must be a positive integer or None (all rows), got {p['LIMIT']!r}")
+    for name in ("NUM_BLOCKS", "BATCH_SIZE", "MAX_MODEL_LEN", "MAX_CONCURRENT_BATCHES"):
+        if not (_is_int(p[name]) and p[name] >= 1):
+            problems.append(f"{name} must be a positive integer, got {p[name]!r}")
+    if not _concurrency_ok(p["CONCURRENCY"]):
+        problems.append(f"CONCURRENCY must be n >= 1 or a pair (min, max) with 1 <= min <= max, "
+                        f"got {p['CONCURRENCY']!r}")
+    if not isinstance(p["MODEL_SOURCE"], str) or not p["MODEL_SOURCE"].strip():
+        problems.append(f"MODEL_SOURCE must be 'offline', a Hugging Face id or a folder, got {p['MODEL_SOURCE']!r}")
+    if p["ACCELERATOR_TYPE"] is not None and not (isinstance(p["ACCELERATOR_TYPE"], str) and p["ACCELERATOR_TYPE"]):
+        problems.append(f"ACCELERATOR_TYPE must be None (CPU) or a GPU type such as 'L4', got {p['ACCELERATOR_TYPE']!r}")
+    if p["ACCELERATOR_TYPE"] is None and p["MODEL_SOURCE"] != "offline" and _is_int(p["MAX_MODEL_LEN"]) and p["MAX_MODEL_LEN"] > 32768:
+        problems.append("MAX_MODEL_LEN above 32768 on a CPU needs more KV cache than this run reserves")
+    if not isinstance(p["OUTPUT_DIR"], str) or not p["OUTPUT_DIR"].strip():
+        problems.append(f"OUTPUT_DIR must be a folder path, got {p['OUTPUT_DIR']!r}")
+    if not (isinstance(p["TEMPERATURE"], (int, float)) and 0 <= p["TEMPERATURE"] <= 2):
+        problems.append(f"TEMPERATURE must be between 0 and 2, got {p['TEMPERATURE']!r}")
+    if not (isinstance(p["CPU_STAGE_CPUS"], (int, float)) and 0 < p["CPU_STAGE_CPUS"] <= 8):
+        problems.append(f"CPU_STAGE_CPUS must be in (0, 8], got {p['CPU_STAGE_CPUS']!r}")
+    if p["KV_CACHE_GIB"] is not None and not (isinstance(p["KV_CACHE_GIB"], (int, float)) and p["KV_CACHE_GIB"] > 0):
+        problems.append(f"KV_CACHE_GIB must be a positive number or None, got {p['KV_CACHE_GIB']!r}")
+    return problems
+
+
+def text_problems(p: Mapping[str, Any]) -> list[str]:
+    """Problems with the text-classification notebook's parameters."""
+    problems = common_problems(p)
+    labels = p["LABELS"]
+    if not (isinstance(labels, (list, tuple)) and len(labels) >= 2 and all(isinstance(x, str) and x.strip() for x in labels)):
+        problems.append(f"LABELS must be a list of at least two non-empty strings, got {labels!r}")
+    elif len(set(labels)) != len(labels):
+        dupes = sorted({x for x in labels if list(labels).count(x) > 1})
+        problems.append(f"LABELS has duplicates: {dupes}")
+    if not isinstance(p["TEXT_COLUMN"], str) or not p["TEXT_COLUMN"]:
+        problems.append(f"TEXT_COLUMN must name a column, got {p['TEXT_COLUMN']!r}")
+    for name in ("ID_COLUMN", "LABEL_COLUMN"):
+        if p[name] is not None and not (isinstance(p[name], str) and p[name]):
+            problems.append(f"{name} must name a column or be None, got {p[name]!r}")
+    if not isinstance(p["USER_TEMPLATE"], str) or "{text}" not in p["USER_TEMPLATE"]:
+        problems.append(f"USER_TEMPLATE must contain '{{text}}', got {p['USER_TEMPLATE']!r}")
+    return problems
+
+
+def validate(problems: list[str]) -> None:
+    """Raise :class:`ParameterError` listing every problem, or return quietly."""
+    if problems:
+        raise ParameterError("Invalid parameters:\n  - " + "\n  - ".join(problems))

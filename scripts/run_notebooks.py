@@ -1,0 +1,70 @@
+"""Run the kit's notebooks headlessly with papermill and leave a report a person can open.
+
+For each notebook it writes, into ``<out>/<notebook name>/``: the executed notebook, the same
+notebook rendered to HTML, and everything the notebook itself writes there (parquet tables,
+charts, summary.json). The notebook is the single source of truth: this runs it, with parameters.
+
+    python scripts/run_notebooks.py                       # both notebooks, bundled data, offline models
+    python scripts/run_notebooks.py --only text_classification -p LIMIT 50
+    python scripts/run_notebooks.py -p MODEL_SOURCE unsloth/Llama-3.1-8B-Instruct -p ACCELERATOR_TYPE L4
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = {path.stem: path for path in sorted((REPO / "notebooks").glob("*.ipynb"))}
+
+
+def parse_value(text: str) -> object:
+    """Parameters from the command line are Python literals when they parse as one, else strings."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def run(name: str, out_root: Path, overrides: dict[str, object]) -> Path:
+    """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder."""
+    import nbformat
+    import papermill
+    from nbconvert import HTMLExporter
+
+    out = (out_root / name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    executed = out / f"{name}.ipynb"
+    parameters = {"OUTPUT_DIR": str(out), **overrides}
+    print(f"[{name}] running with {parameters}", flush=True)
+    try:
+        papermill.execute_notebook(
+            str(NOTEBOOKS[name]), str(executed), parameters=parameters,
+            cwd=str(NOTEBOOKS[name].parent), kernel_name="python3", progress_bar=False,
+        )
+    finally:
+        # Render even a failed run: the report shows where and why it stopped.
+        if executed.exists():
+            html, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+            (out / f"{name}.html").write_text(html, encoding="utf-8")
+    print(f"[{name}] done: open {out / (name + '.html')}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(REPO / "results"), help="output root (default: results/)")
+    parser.add_argument("--only", action="append", choices=sorted(NOTEBOOKS), help="run only this notebook")
+    parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="override a parameter (a Python literal, else a string)")
+    args = parser.parse_args(argv)
+    overrides = {name: parse_value(value) for name, value in args.p}
+    for name in args.only or sorted(NOTEBOOKS):
+        run(name, Path(args.out), overrides)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
