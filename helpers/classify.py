@@ -97,20 +97,6 @@ def make_postprocess(keep_columns: Sequence[str]):
     return postprocess
 
 
-def make_error_row_aligner(keep_columns: Sequence[str]):
-    """Give engine-error rows (which skip ``postprocess``) the same columns as successful rows."""
-    keep = list(keep_columns)
-
-    def align(row: dict[str, Any]) -> dict[str, Any]:
-        error = row.get("__inference_error__") or ""
-        if not error:
-            return {k: v for k, v in row.items() if k != "__inference_error__"}
-        return {
-            **{c: row.get(c) for c in keep},
-            PREDICTION: "",
-            "num_input_tokens": 0,
-            "num_generated_tokens": 0,
-            "error": str(error),
-        }
-
-    return align
+def output_defaults() -> dict[str, Any]:
+    """What an engine-error row carries in the output columns ``postprocess`` adds."""
+    return {PREDICTION: "", "num_input_tokens": 0, "num_generated_tokens": 0}

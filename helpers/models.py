@@ -137,3 +137,92 @@ def resolve_model_source(model_source: str, offline_builder: Callable[[], Path] 
             raise FileNotFoundError(f"MODEL_SOURCE={model_source!r} is a folder without config.json")
         return str(local.resolve())
     return model_source
+
+
+TINY_VLM_DIRNAME = "tiny-qwen2-vl"
+#: Special tokens of the Qwen2-VL family, in the order their ids are assigned.
+QWEN2_VL_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                           "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+#: ChatML with Qwen2-VL's image placeholder. Any content part that is not text is an image
+#: (vLLM's parts are {"type": "image_pil"}, {"type": "image_url"} or, after its parsing, {"type": "image"}).
+TINY_VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}"
+    "{% else %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_TOKENIZER_CORPUS = (
+    "A photo of a cat sitting on a sofa. An astronaut in a white suit. A cup of coffee on a table. "
+    "A rocket on the launch pad. Describe this image in one sentence. The picture shows a person, "
+    "a street, trees, the sky, a dog, a bird, a car, a building, water, mountains and a field. "
+)
+
+
+def _train_tokenizer(vocab_size: int = 512):
+    """A byte-level BPE tokenizer trained on a few sentences, with Qwen2-VL's special tokens."""
+    from tokenizers import Tokenizer, decoders, models as tk_models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(tk_models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(QWEN2_VL_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([_TOKENIZER_CORPUS] * 50, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = TINY_VLM_CHAT_TEMPLATE
+    return fast
+
+
+def _build_tiny_vlm(out: Path) -> dict:
+    import torch
+    import transformers
+    from transformers import (Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor,
+                              Qwen2VLProcessor, Qwen2VLVideoProcessor)
+
+    torch.manual_seed(0)
+    tokenizer = _train_tokenizer()
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in QWEN2_VL_SPECIAL_TOKENS}
+    hidden, heads = 64, 2  # head_dim 32
+    config = Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer), "hidden_size": hidden, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": heads, "num_key_value_heads": 1,
+            "max_position_embeddings": 4096,
+            # Qwen2-VL's multimodal rotary embedding splits head_dim/2 over (time, height, width).
+            # Qwen2-VL's multimodal rotary embedding splits head_dim / 2 (here 16) over time, height, width.
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+            "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+            "bos_token_id": ids["<|endoftext|>"],
+        },
+        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": hidden, "num_heads": 2, "mlp_ratio": 2,
+                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    model = Qwen2VLForConditionalGeneration(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = ids["<|im_end|>"]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.save_pretrained(out)
+    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=1024 * 28 * 28)
+    video_processor = Qwen2VLVideoProcessor()
+    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                 video_processor=video_processor, chat_template=TINY_VLM_CHAT_TEMPLATE)
+    processor.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return {"architecture": "Qwen2VLForConditionalGeneration", "weights": "random (seed 0)",
+            "transformers": transformers.__version__,
+            "note": "a pipeline test model: its captions are noise"}
+
+
+def prepare_tiny_vlm(cache: Path | None = None, *, rebuild: bool = False) -> Path:
+    """Return a tiny randomly initialised Qwen2-VL folder that vLLM can load (built once, ~5 s).
+
+    Nothing real ships offline for vision, so this model exercises every stage of the real
+    pipeline (image processor, vision encoder, placeholders, generation) with noise as output.
+    """
+    return build_once((cache or cache_root()) / TINY_VLM_DIRNAME, _build_tiny_vlm, rebuild=rebuild)

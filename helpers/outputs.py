@@ -8,8 +8,10 @@ the tables a person opens: ``predictions.parquet`` (rows the model answered) and
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -18,7 +20,7 @@ PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
 #: Everything a run writes into its output folder; a new run removes exactly these, nothing else.
 RUN_ARTEFACTS = (PARTS, PREDICTIONS, ERRORS, "summary.json", "confusion_matrix.png", "label_counts.png",
-                 "captions.png")
+                 "captions.parquet", "captions.png")
 
 
 def prepare_output_dir(path: str) -> Path:
@@ -58,8 +60,9 @@ class Results:
     errors: pd.DataFrame
 
 
-def collect_results(out: Path, processed: str, rejected: str, reason_column: str, drop: tuple[str, ...] = ()) -> Results:
-    """Split Ray's parts into ``predictions.parquet`` and ``errors.parquet`` and return both.
+def collect_results(out: Path, processed: str, rejected: str, reason_column: str,
+                    predictions_name: str = PREDICTIONS) -> Results:
+    """Split Ray's parts into ``predictions_name`` and ``errors.parquet`` and return both.
 
     ``processed`` rows carry an ``error`` column ("" on success); ``rejected`` rows carry
     ``reason_column``. Errors get a ``stage`` ("rejected before the model" or "engine") and a ``reason``.
@@ -73,9 +76,29 @@ def collect_results(out: Path, processed: str, rejected: str, reason_column: str
         failed = done[done["error"] != ""].rename(columns={"error": "reason"}).assign(stage="engine")
     if not rejects.empty:
         rejects = rejects.rename(columns={reason_column: "reason"}).assign(stage="rejected before the model")
-    errors = pd.concat([f for f in (rejects, failed) if not f.empty], ignore_index=True) if not (rejects.empty and failed.empty) else pd.DataFrame(columns=["stage", "reason"])
-    predictions = predictions.drop(columns=[c for c in drop if c in predictions.columns]).reset_index(drop=True)
-    errors = errors.drop(columns=[c for c in drop if c in errors.columns]).reset_index(drop=True)
-    predictions.to_parquet(out / PREDICTIONS, index=False)
+    frames = [f for f in (rejects, failed) if not f.empty]
+    errors = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["stage", "reason"])
+    predictions, errors = predictions.reset_index(drop=True), errors.reset_index(drop=True)
+    predictions.to_parquet(out / predictions_name, index=False)
     errors.to_parquet(out / ERRORS, index=False)
     return Results(predictions=predictions, errors=errors)
+
+
+def make_error_row_aligner(keep_columns: Sequence[str], output_defaults: Mapping[str, Any]):
+    """Give engine-error rows the columns successful rows have, so both land in one table.
+
+    With ``should_continue_on_error=True``, a row that fails in the engine skips ``postprocess``
+    and keeps its raw shape plus ``__inference_error__``. This keeps ``keep_columns``, fills the
+    postprocess outputs with ``output_defaults`` and moves the message to ``error``.
+    Successful rows (whose ``postprocess`` sets ``error`` to "") pass through.
+    """
+    keep = list(keep_columns)
+    defaults = dict(output_defaults)
+
+    def align(row: dict[str, Any]) -> dict[str, Any]:
+        error = row.get("__inference_error__") or ""
+        if not error:
+            return {k: v for k, v in row.items() if k != "__inference_error__"}
+        return {**{c: row.get(c) for c in keep}, **defaults, "error": str(error)}
+
+    return align

@@ -70,6 +70,26 @@ def text_problems(p: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def caption_problems(p: Mapping[str, Any]) -> list[str]:
+    """Problems with the captioning notebook's parameters."""
+    problems = common_problems({**p, "MAX_MODEL_LEN": 1})  # derived in the notebook, not a parameter
+    if p["INPUT_FORMAT"] not in ("auto", "webdataset", "parquet", "images"):
+        problems.append(f"INPUT_FORMAT must be auto, webdataset, parquet or images, got {p['INPUT_FORMAT']!r}")
+    for name in ("IMAGE_TOKENS", "MAX_TOKENS", "MAX_PIXELS"):
+        if not (_is_int(p[name]) and p[name] >= 1):
+            problems.append(f"{name} must be a positive integer, got {p[name]!r}")
+    if _is_int(p["IMAGE_TOKENS"]) and p["IMAGE_TOKENS"] > 16384:
+        problems.append(f"IMAGE_TOKENS={p['IMAGE_TOKENS']} is more than any image needs (16384 is 3584x3584 pixels)")
+    for name in ("SYSTEM_PROMPT", "PROMPT", "IMAGE_COLUMN"):
+        if not isinstance(p[name], str) or not p[name].strip():
+            problems.append(f"{name} must be a non-empty string, got {p[name]!r}")
+    if not isinstance(p["KEEP_ASPECT"], bool):
+        problems.append(f"KEEP_ASPECT must be True or False, got {p['KEEP_ASPECT']!r}")
+    if p["ID_COLUMN"] is not None and not (isinstance(p["ID_COLUMN"], str) and p["ID_COLUMN"]):
+        problems.append(f"ID_COLUMN must name a column or be None, got {p['ID_COLUMN']!r}")
+    return problems
+
+
 def validate(problems: list[str]) -> None:
     """Raise :class:`ParameterError` listing every problem, or return quietly."""
     if problems:

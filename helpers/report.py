@@ -115,7 +115,51 @@ def run_summary(*, rows_read: int, predictions: pd.DataFrame, errors: pd.DataFra
     }
 
 
+def caption_summary(*, rows_read: int, captions: pd.DataFrame, errors: pd.DataFrame) -> dict:
+    """Row accounting for a captioning run: every image is captioned, rejected or errored, exactly once."""
+    stages = errors["stage"].value_counts() if "stage" in errors else pd.Series(dtype=int)
+    rejected = int(stages.get("rejected before the model", 0))
+    engine_errors = int(stages.get("engine", 0))
+    ids = pd.concat([captions.get("row_id", pd.Series(dtype=str)), errors.get("row_id", pd.Series(dtype=str))])
+    return {
+        "images read": int(rows_read),
+        "captioned": len(captions),
+        "rejected before the model": rejected,
+        "engine errors": engine_errors,
+        "captioned + rejected + errors": len(captions) + rejected + engine_errors,
+        "all images accounted for": len(captions) + rejected + engine_errors == rows_read and ids.is_unique,
+        "empty captions": int((captions["caption"] == "").sum()) if len(captions) else 0,
+    }
+
+
 def format_summary(summary: dict) -> str:
     """One ``name: value`` line per entry, aligned, for a stable printed summary."""
     width = max(len(k) for k in summary)
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in summary.items())
+
+
+def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None = None, columns: int = 4,
+                    wrap: int = 32):
+    """A grid of images, each with a bold title and a wrapped caption under it.
+
+    ``items`` holds ``(image, title, caption)``; the image is an array or a Pillow image.
+    """
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = max(1, -(-len(items) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.6 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (image, title, caption) in zip(axes.flat, items):
+        ax.imshow(np.asarray(image))
+        short = caption if len(caption) <= 4 * wrap else caption[: 4 * wrap - 1] + "…"
+        ax.set_title(title, fontsize=9, fontweight="bold")
+        ax.text(0.5, -0.04, "\n".join(textwrap.wrap(short, wrap)) or "(empty)", transform=ax.transAxes,
+                ha="center", va="top", fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig

@@ -36,12 +36,14 @@ def cleaned(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         if is_checked(cell):
             # The checked output must come from the cell's own prints, never from log noise.
             cell.outputs = [o for o in cell.outputs if not (o.output_type == "stream" and o.name == "stderr")]
+            # nbval treats a cell with outputs but no execution count as never run: keep a fixed one.
+            cell.execution_count = 1
             for output in cell.outputs:
                 if output.output_type == "execute_result":
-                    output.execution_count = None
+                    output.execution_count = 1
         else:
             cell.outputs = []
-        cell.execution_count = None
+            cell.execution_count = None
     return nb
 
 

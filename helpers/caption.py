@@ -1,0 +1,74 @@
+"""Image captioning requests: prompts with an image part, the context budget, post-processing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from helpers.data import ROW_ID
+from helpers.image_data import IMAGE, SOURCE
+
+CAPTION = "caption"
+#: Columns carried from the prepared image rows to the results (never the image itself).
+CARRIED = (ROW_ID, SOURCE, "width", "height", "vision_tokens")
+
+
+def build_messages(system_prompt: str, prompt: str, image: Any) -> list[dict[str, Any]]:
+    """A system message and a user message with a text part and an image part.
+
+    ``image_pil`` is vLLM's part type for an in-memory Pillow image (the seed's ``{"type": "image"}``
+    is no longer accepted); a ``{"type": "image_url", "image_url": {"url": "data:..."}}`` part works too.
+    """
+    return [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": [{"type": "text", "text": prompt}, {"type": "image_pil", "image_pil": image}]},
+    ]
+
+
+def max_model_len(tokenizer: Any, system_prompt: str, prompt: str, image_tokens: int, max_tokens: int,
+                  image_placeholder: str = "<|vision_start|><|image_pad|><|vision_end|>", multiple: int = 64) -> int:
+    """Context the engine needs: the templated prompt (placeholder expanded to ``image_tokens``)
+    plus the answer, rounded up to a multiple of ``multiple``.
+
+    Measured with the model's own chat template instead of a guessed 8192: a smaller context
+    leaves more KV-cache memory for concurrent sequences.
+    """
+    messages = [{"role": "system", "content": system_prompt},
+                {"role": "user", "content": f"{prompt}{image_placeholder}"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    placeholder_tokens = len(tokenizer(image_placeholder, add_special_tokens=False)["input_ids"])
+    needed = text_tokens - placeholder_tokens + 2 + image_tokens + max_tokens  # 2: vision start/end
+    return -(-needed // multiple) * multiple
+
+
+def make_preprocess(*, system_prompt: str, prompt: str, max_tokens: int, temperature: float):
+    """Return the processor's ``preprocess``: prepared image row -> messages + sampling params."""
+    from PIL import Image
+
+    def preprocess(row: dict[str, Any]) -> dict[str, Any]:
+        image = Image.fromarray(np.asarray(row[IMAGE], dtype=np.uint8))
+        return {
+            **{c: row[c] for c in CARRIED},
+            "messages": build_messages(system_prompt, prompt, image),
+            "sampling_params": {"temperature": temperature, "max_tokens": max_tokens},
+        }
+
+    return preprocess
+
+
+def postprocess(row: dict[str, Any]) -> dict[str, Any]:
+    """Keep the id, source, sizes, caption and token counts; never the image."""
+    return {
+        **{c: row.get(c) for c in CARRIED},
+        CAPTION: row["generated_text"].strip(),
+        "num_input_tokens": int(row.get("num_input_tokens") or 0),
+        "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
+        "error": "",
+    }
+
+
+def output_defaults() -> dict[str, Any]:
+    """What an engine-error row carries in the output columns ``postprocess`` adds."""
+    return {CAPTION: "", "num_input_tokens": 0, "num_generated_tokens": 0}

@@ -1,0 +1,63 @@
+"""Keep the README's parameter tables in step with the notebooks' parameters cells.
+
+Each table sits between ``<!-- params:NAME -->`` and ``<!-- /params:NAME -->`` in README.md and is
+generated from the ``parameters`` cell of ``notebooks/NAME.ipynb``. ``--check`` fails on drift
+(a test runs it); without it, the README is rewritten in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+BLOCK = re.compile(r"(<!-- params:(?P<name>\w+) -->\n)(?P<body>.*?)(<!-- /params:(?P=name) -->)", re.DOTALL)
+
+
+def parameter_rows(notebook: Path) -> list[tuple[str, str, str]]:
+    """(name, default, comment) for each line of the notebook's parameters cell."""
+    nb = nbformat.read(notebook, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    rows = []
+    for line in cell.source.splitlines():
+        if line.strip():
+            code, _, comment = line.partition("  # ")
+            name, _, value = code.partition(" = ")
+            rows.append((name.strip(), value.strip(), comment.strip()))
+    return rows
+
+
+def table(notebook: Path) -> str:
+    lines = ["| parameter | default | what it does |", "|---|---|---|"]
+    for name, value, comment in parameter_rows(notebook):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        lines.append(f"| `{name}` | `{shown}` | {comment.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def render(text: str) -> str:
+    return BLOCK.sub(lambda m: m.group(1) + table(REPO / "notebooks" / f"{m.group('name')}.ipynb") + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    new = render(text)
+    if args.check:
+        if new != text:
+            print("README.md parameter tables are out of date: run python scripts/render_readme.py")
+            return 1
+        return 0
+    README.write_text(new, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Shared fixtures: repository paths and loading the repo's scripts as modules."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str) -> ModuleType:
+    """Import ``scripts/<name>.py`` as a module (scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(f"kit_scripts_{name}", REPO / "scripts" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The offline SmolLM2 folder (converted once, then cached)."""
+    from helpers.models import prepare_smollm2
+
+    return prepare_smollm2()

@@ -1,0 +1,43 @@
+import pytest
+
+from helpers import engine
+
+
+def test_cpu_budget_always_leaves_room_for_one_task(monkeypatch):
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 2)
+    small = engine.CpuBudget(engine_cpus=1, engine_replicas=1, stage_cpus=0.1, stage_actors=1)
+    assert small.reserved == pytest.approx(1.1)
+    assert small.ray_cpus == 3  # 2 cores would leave 0.9 CPU: a 1-CPU task would wait forever
+    big = engine.CpuBudget(engine_cpus=1, engine_replicas=4, stage_cpus=0.25, stage_actors=4)
+    assert big.ray_cpus == 6
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 64)
+    assert big.ray_cpus == 64
+
+
+def test_engine_placement_cpu_and_gpu():
+    cpu = engine.engine_placement(None)
+    assert cpu == {"accelerator_type": None, "placement_group_config": {"bundles": [{"CPU": 1.0}]}}
+    assert engine.engine_placement("L4") == {"accelerator_type": "L4"}
+
+
+def test_engine_env(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    env = engine.engine_env(1)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and "HF_HUB_OFFLINE" not in env
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert engine.engine_env(None)["HF_HUB_OFFLINE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in engine.engine_env(None)
+
+
+@pytest.mark.parametrize("value, arg, most", [(3, 3, 3), ([1, 4], (1, 4), 4), ((2, 2), (2, 2), 2)])
+def test_concurrency(value, arg, most):
+    assert engine.concurrency_arg(value) == arg
+    assert engine.max_replicas(value) == most
+
+
+def test_processor_config_accepts_cpu_placement():
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    config = vLLMEngineProcessorConfig(model_source="m", concurrency=engine.concurrency_arg([1, 2]),
+                                       **engine.engine_placement(None))
+    assert config.accelerator_type is None and config.concurrency == (1, 2)

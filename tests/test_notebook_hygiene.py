@@ -1,0 +1,30 @@
+"""Committed notebooks are tutorials, not run logs: outputs cleared except the cells CI checks."""
+
+import nbformat
+import pytest
+
+from conftest import REPO, load_script
+
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_outputs_cleared_except_checked_cells(path):
+    clear = load_script("clear_outputs")
+    nb = nbformat.read(path, as_version=4)
+    assert nbformat.writes(clear.cleaned(nb)) == nbformat.writes(nb), \
+        f"run: python scripts/clear_outputs.py {path.relative_to(REPO)}"
+    checked = [c for c in nb.cells if clear.is_checked(c)]
+    assert checked and all(c.outputs for c in checked), "the checked cells keep their expected output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_conventions(path):
+    nb = nbformat.read(path, as_version=4)
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for banned in ("sys.path", "!pip", "%pip", "autoreload"):
+        assert banned not in code, f"{path.name} uses {banned}"
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")

@@ -1,0 +1,75 @@
+"""The notebooks run for real (Ray + vLLM + the offline model) with other parameters than their defaults.
+
+nbval runs each notebook with its defaults (see pyproject.toml); these runs go through
+scripts/run_notebooks.py, the same path as the job, and assert on what the run wrote.
+"""
+
+import json
+
+import pandas as pd
+import papermill
+import pytest
+
+from conftest import load_script
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return load_script("run_notebooks")
+
+
+@pytest.mark.slow
+def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path):
+    csv = tmp_path / "firms.csv"
+    pd.DataFrame({
+        "name": ["Walmart", "Pfizer", "", "Goldman Sachs", "Kirkland & Ellis", "Zillow", "Siemens", "   ",
+                 "Accenture", "Apple", "Shell", "Target"],
+        "truth": ["Retail", "Healthcare", "", "Finance", "Law Firm", "Real Estate", "Manufacturing", "",
+                  "Consulting", "Technology", "Other", "Retail"],
+    }).to_csv(csv, index=False)
+    out = runner.run("text_classification", tmp_path / "results", {
+        "INPUT_PATH": str(csv), "TEXT_COLUMN": "name", "ID_COLUMN": None, "LABEL_COLUMN": "truth",
+        "LIMIT": 10, "NUM_BLOCKS": 3, "BATCH_SIZE": 4,
+    })
+    for name in ("text_classification.ipynb", "text_classification.html", "predictions.parquet",
+                 "errors.parquet", "confusion_matrix.png", "label_counts.png", "summary.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows read"] == 10
+    assert summary["rejected before the model"] == 2 and summary["engine errors"] == 0
+    assert summary["classified"] == 8 and summary["all rows accounted for"]
+    predictions = pd.read_parquet(out / "predictions.parquet")
+    assert predictions["row_id"].is_unique and len(predictions["row_id"].iloc[0]) == 16  # content-hash ids
+    assert set(predictions["predicted_label"]) <= {"Law Firm", "Healthcare", "Technology", "Retail", "Consulting",
+                                                   "Manufacturing", "Finance", "Real Estate", "Other"}
+    assert set(predictions["name"]) <= {"Walmart", "Pfizer", "Goldman Sachs", "Kirkland & Ellis", "Zillow",
+                                        "Siemens", "Accenture", "Apple"}
+    errors = pd.read_parquet(out / "errors.parquet")
+    assert sorted(errors["reason"]) == ["blank value (only whitespace)", "empty value"]
+    html = (out / "text_classification.html").read_text()
+    assert "accuracy:" in html and "all rows accounted for" in html
+
+    # A second run into the same folder replaces the first run's results instead of adding to them.
+    runner.run("text_classification", tmp_path / "results", {
+        "INPUT_PATH": str(csv), "TEXT_COLUMN": "name", "ID_COLUMN": None, "LABEL_COLUMN": None, "LIMIT": 4,
+    })
+    assert len(pd.read_parquet(out / "predictions.parquet")) + len(pd.read_parquet(out / "errors.parquet")) == 4
+    assert not (out / "confusion_matrix.png").exists()
+
+
+@pytest.mark.slow
+def test_missing_column_fails_fast_naming_the_columns(runner, tmp_path):
+    csv = tmp_path / "people.csv"
+    pd.DataFrame({"first": ["Ada"], "employer": ["IBM"]}).to_csv(csv, index=False)
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "results", {"INPUT_PATH": str(csv), "ID_COLUMN": None,
+                                                                   "LABEL_COLUMN": None})
+    assert "has no column 'Company'" in str(err.value) and "'first', 'employer'" in str(err.value)
+
+
+@pytest.mark.slow
+def test_bad_parameter_fails_before_anything_runs(runner, tmp_path):
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "results", {"BATCH_SIZE": 0, "LABELS": ["Only"]})
+    assert "BATCH_SIZE must be a positive integer" in str(err.value)
+    assert "LABELS must be a list of at least two" in str(err.value)

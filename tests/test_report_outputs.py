@@ -1,0 +1,78 @@
+import math
+
+import pandas as pd
+import pytest
+
+from helpers import outputs, report
+
+LABELS = ["A", "B", "C"]
+
+
+def test_per_label_table_and_confusion_matrix():
+    truth = pd.Series(["A", "A", "B", "C"])
+    pred = pd.Series(["A", "B", "B", "B"])
+    table = report.per_label_table(truth, pred, LABELS)
+    assert table.loc["A", "recall"] == 0.5 and table.loc["B", "precision"] == pytest.approx(1 / 3)
+    assert math.isnan(table.loc["C", "precision"])
+    assert table.loc["all", "correct"] == 2 and table.loc["all", "recall"] == 0.5
+    cm = report.confusion_matrix(truth, pred, LABELS)
+    assert cm.loc["A", "B"] == 1 and cm.loc["C", "B"] == 1 and int(cm.values.sum()) == 4
+    assert list(cm.columns) == LABELS  # a label never predicted still gets its column
+
+
+def test_charts_are_written(tmp_path):
+    cm = report.confusion_matrix(pd.Series(["A", "B"]), pd.Series(["A", "A"]), LABELS)
+    report.plot_confusion_matrix(cm, tmp_path / "cm.png")
+    report.plot_label_counts(pd.Series(["A", "A"]), LABELS, truth=pd.Series(["A", "B"]), path=tmp_path / "c.png")
+    assert (tmp_path / "cm.png").stat().st_size > 1000 and (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_throughput():
+    t = report.throughput(rows=100, seconds=50, input_tokens=5000, output_tokens=300)
+    assert t["rows/s"] == 2 and t["input tokens/row"] == 50 and t["output tokens/row"] == 3
+
+
+def test_run_summary_accounts_for_every_row():
+    predictions = pd.DataFrame({"p": ["A", "B"]})
+    errors = pd.DataFrame({"stage": ["rejected before the model", "engine"], "reason": ["empty value", "x"]})
+    s = report.run_summary(rows_read=4, predictions=predictions, errors=errors, prediction_column="p", labels=LABELS)
+    assert s["all rows accounted for"] and s["every prediction is a label"] and s["sent to the model"] == 3
+    bad = report.run_summary(rows_read=5, predictions=pd.DataFrame({"p": ["Z"]}), errors=errors,
+                             prediction_column="p", labels=LABELS)
+    assert not bad["all rows accounted for"] and bad["predictions outside the labels"] == ["Z"]
+    assert report.format_summary({"a": 1, "long name": 2}) == "a:         1\nlong name: 2"
+
+
+def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
+    out = tmp_path / "o"
+    (out / outputs.PARTS / "classified").mkdir(parents=True)
+    (out / outputs.PARTS / "classified" / "old.parquet").write_text("x")
+    (out / outputs.PREDICTIONS).write_text("old")
+    (out / "my_notes.txt").write_text("keep me")
+    assert outputs.prepare_output_dir(str(out)) == out.resolve()
+    assert not (out / outputs.PARTS).exists() and not (out / outputs.PREDICTIONS).exists()
+    assert (out / "my_notes.txt").read_text() == "keep me"
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError):
+        outputs.prepare_output_dir(str(tmp_path / "file"))
+
+
+def test_collect_results_splits_predictions_and_errors(tmp_path):
+    parts = tmp_path / outputs.PARTS
+    (parts / "classified").mkdir(parents=True)
+    (parts / "rejected").mkdir(parents=True)
+    pd.DataFrame({"row_id": ["1", "2"], "label": ["A", ""], "error": ["", "too long"]}).to_parquet(parts / "classified" / "a.parquet")
+    pd.DataFrame({"row_id": ["3"], "reject_reason": ["empty value"]}).to_parquet(parts / "rejected" / "b.parquet")
+    res = outputs.collect_results(tmp_path, "classified", "rejected", "reject_reason")
+    assert res.predictions["row_id"].tolist() == ["1"] and "error" not in res.predictions
+    assert sorted(res.errors["row_id"]) == ["2", "3"]
+    assert set(res.errors["stage"]) == {"engine", "rejected before the model"}
+    assert pd.read_parquet(tmp_path / outputs.ERRORS).shape[0] == 2
+    assert pd.read_parquet(tmp_path / outputs.PREDICTIONS).shape[0] == 1
+
+
+def test_collect_results_with_nothing_rejected(tmp_path):
+    (tmp_path / outputs.PARTS / "classified").mkdir(parents=True)
+    pd.DataFrame({"row_id": ["1"], "error": [""]}).to_parquet(tmp_path / outputs.PARTS / "classified" / "a.parquet")
+    res = outputs.collect_results(tmp_path, "classified", "rejected", "reject_reason")
+    assert len(res.predictions) == 1 and len(res.errors) == 0

@@ -1,0 +1,57 @@
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from conftest import load_script
+
+UNPATCHED = '''
+@torch.library.register_fake("torchvision::nms")
+def meta_nms(dets, scores, iou_threshold):
+    pass
+
+
+@torch.library.register_fake("torchvision::qnms")
+def meta_qnms(dets, scores, iou_threshold):
+    pass
+'''
+
+
+def test_torchvision_patch_guards_both_ops_once():
+    patch = load_script("patch_torchvision")
+    patched = patch.patch_source(UNPATCHED)
+    assert patched.count("if torchvision.extension._has_ops() else (lambda fn: fn)") == 2
+    assert patch.patch_source(patched) == patched  # idempotent
+    with pytest.raises(SystemExit, match="found 0"):
+        patch.patch_source("nothing to patch here")
+
+
+def test_torchvision_imports_in_this_environment():
+    # The install path patched it; vLLM's vision models need this import.
+    subprocess.run([sys.executable, "-c", "import torchvision, torchvision.transforms"], check=True)
+
+
+def test_clear_outputs_keeps_only_checked_cells_and_drops_injected_parameters():
+    clear = load_script("clear_outputs")
+    nb = nbformat.v4.new_notebook()
+    checked = nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)", execution_count=3)
+    checked.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n"),
+                       nbformat.v4.new_output("stream", name="stderr", text="log noise\n")]
+    other = nbformat.v4.new_code_cell("print(2)", execution_count=2)
+    other.outputs = [nbformat.v4.new_output("stream", name="stdout", text="2\n")]
+    injected = nbformat.v4.new_code_cell("LIMIT = 3")
+    injected.metadata["tags"] = ["injected-parameters"]
+    nb.cells = [other, injected, checked]
+    out = clear.cleaned(nb)
+    assert len(out.cells) == 2
+    assert out.cells[0].outputs == [] and out.cells[0].execution_count is None
+    assert [o.text for o in out.cells[1].outputs] == ["1\n"]
+
+
+def test_run_notebooks_parses_parameter_literals():
+    runner = load_script("run_notebooks")
+    assert runner.parse_value("50") == 50
+    assert runner.parse_value("None") is None
+    assert runner.parse_value("[1, 4]") == [1, 4]
+    assert runner.parse_value("unsloth/Llama-3.1-8B-Instruct") == "unsloth/Llama-3.1-8B-Instruct"
