@@ -72,7 +72,10 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
 
     import ray
 
-    ray.data.DataContext.get_current().enable_progress_bars = verbose
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = verbose
+    if not verbose:  # the memory-use hints repeat every 30 s for the tokenizer stages' ~0.5 GB
+        context.issue_detectors_config.detectors = []
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)
 
     if ray.is_initialized():

@@ -34,7 +34,8 @@ IMAGE = "image"
 def detect_format(path: str) -> str:
     """Guess the layout from the path: ``.tar`` -> webdataset, ``.parquet`` -> parquet, folders of those too."""
     p = Path(path)
-    candidates = [p] if not p.is_dir() else sorted(x for x in p.rglob("*") if x.is_file())
+    candidates = [p] if not p.is_dir() else sorted(
+        x for x in p.rglob("*") if x.is_file() and not x.name.startswith("."))
     suffixes = {x.suffix.lower() for x in candidates}
     if suffixes and suffixes <= {".tar"}:
         return "webdataset"
@@ -215,7 +216,7 @@ def write_webdataset(files: dict[str, bytes], path: Path, caption: str | None = 
 
 
 def prepare_sample_images(cache: Path | None = None) -> Path:
-    """Build (once) and return the sample shard folder, in BLIP3o's webdataset layout."""
+    """Build (once) and return the sample shard, in BLIP3o's webdataset layout."""
     from helpers.models import build_once, cache_root
 
     def build(out: Path) -> dict:
@@ -223,4 +224,4 @@ def prepare_sample_images(cache: Path | None = None) -> Path:
         write_webdataset(files, out / "sample-000000.tar")
         return {"images": len(files), "broken": sorted(k for k in files if k.startswith("broken_"))}
 
-    return build_once((cache or cache_root()) / "sample-images", build)
+    return build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"

@@ -150,11 +150,13 @@ def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None 
     import numpy as np
 
     rows = max(1, -(-len(items) // columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.6 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 4.0 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, (image, title, caption) in zip(axes.flat, items):
         ax.imshow(np.asarray(image))
+        # Untrained models emit arbitrary bytes: show unprintable characters as a middle dot.
+        caption = "".join(ch if ch.isprintable() else "·" for ch in caption)
         short = caption if len(caption) <= 4 * wrap else caption[: 4 * wrap - 1] + "…"
         ax.set_title(title, fontsize=9, fontweight="bold")
         ax.text(0.5, -0.04, "\n".join(textwrap.wrap(short, wrap)) or "(empty)", transform=ax.transAxes,
