@@ -73,3 +73,34 @@ def test_bad_parameter_fails_before_anything_runs(runner, tmp_path):
         runner.run("text_classification", tmp_path / "results", {"BATCH_SIZE": 0, "LABELS": ["Only"]})
     assert "BATCH_SIZE must be a positive integer" in str(err.value)
     assert "LABELS must be a list of at least two" in str(err.value)
+
+
+@pytest.mark.slow
+def test_captioning_notebook_on_hf_parquet_layout(runner, tmp_path):
+    from helpers import image_data
+
+    files = image_data.sample_files()
+    keys = ["astronaut", "coffee_cmyk", "rocket_transparent_png", "broken_truncated", "broken_bomb", "animated_gif"]
+    (tmp_path / "pq").mkdir()
+    pd.DataFrame({"key": keys, "jpg": [{"bytes": files[k], "path": f"{k}.jpg"} for k in keys]}).to_parquet(
+        tmp_path / "pq" / "train-0000.parquet")
+    out = runner.run("vlm_captioning", tmp_path / "results", {
+        "INPUT_PATH": str(tmp_path / "pq"), "ID_COLUMN": "key", "IMAGE_TOKENS": 16, "MAX_TOKENS": 8,
+        "BATCH_SIZE": 2, "NUM_BLOCKS": 2, "KEEP_ASPECT": False,
+    })
+    for name in ("vlm_captioning.ipynb", "vlm_captioning.html", "captions.parquet", "errors.parquet",
+                 "captions.png", "summary.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["images read"] == 6 and summary["captioned"] == 4
+    assert summary["rejected before the model"] == 2 and summary["all images accounted for"]
+    captions = pd.read_parquet(out / "captions.parquet")
+    assert sorted(captions["row_id"]) == sorted(["astronaut", "coffee_cmyk", "rocket_transparent_png", "animated_gif"])
+    assert set(captions.columns) == {"row_id", "source", "width", "height", "vision_tokens", "caption",
+                                     "num_input_tokens", "num_generated_tokens"}  # never the image
+    assert (captions["width"] == captions["height"]).all() and (captions["vision_tokens"] <= 16).all()
+    assert (captions["num_generated_tokens"] >= 1).all() and (captions["num_generated_tokens"] <= 8).all()
+    errors = pd.read_parquet(out / "errors.parquet").set_index("row_id")
+    assert errors.loc["broken_truncated", "reason"] == "truncated file"
+    assert errors.loc["broken_bomb", "reason"].startswith("too many pixels")
+    assert "all images accounted for" in (out / "vlm_captioning.html").read_text()

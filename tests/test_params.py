@@ -66,3 +66,24 @@ def test_all_problems_reported_at_once(repo):
 def test_concurrency_pair_is_accepted(repo):
     _, defaults = notebook_defaults(repo, "text_classification")
     assert params.text_problems({**defaults, "CONCURRENCY": [2, 4]}) == []
+
+
+def test_caption_defaults_are_valid(repo):
+    _, defaults = notebook_defaults(repo, "vlm_captioning")
+    assert params.caption_problems(defaults) == []
+    assert defaults["MODEL_SOURCE"] == "offline" and defaults["MAX_PIXELS"] > 0
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("INPUT_FORMAT", "zip", "INPUT_FORMAT must be auto, webdataset, parquet or images"),
+    ("IMAGE_TOKENS", 0, "IMAGE_TOKENS must be a positive integer"),
+    ("IMAGE_TOKENS", 100_000, "more than any image needs"),
+    ("MAX_PIXELS", None, "MAX_PIXELS must be a positive integer"),
+    ("PROMPT", " ", "PROMPT must be a non-empty string"),
+    ("KEEP_ASPECT", "yes", "KEEP_ASPECT must be True or False"),
+    ("BATCH_SIZE", 0, "BATCH_SIZE must be a positive integer"),
+])
+def test_each_bad_caption_parameter_is_named(repo, name, value, message):
+    _, defaults = notebook_defaults(repo, "vlm_captioning")
+    problems = params.caption_problems({**defaults, name: value})
+    assert any(message in p for p in problems), problems

@@ -55,3 +55,18 @@ def test_run_notebooks_parses_parameter_literals():
     assert runner.parse_value("None") is None
     assert runner.parse_value("[1, 4]") == [1, 4]
     assert runner.parse_value("unsloth/Llama-3.1-8B-Instruct") == "unsloth/Llama-3.1-8B-Instruct"
+
+
+def test_readme_parameter_tables_match_the_notebooks(repo):
+    render = load_script("render_readme")
+    text = (repo / "README.md").read_text(encoding="utf-8")
+    assert "<!-- params:text_classification -->" in text and "<!-- params:vlm_captioning -->" in text
+    assert render.render(text) == text, "run: python scripts/render_readme.py"
+
+
+def test_sample_customers_check_mode_detects_drift(repo, tmp_path, monkeypatch):
+    generator = load_script("make_sample_customers")
+    monkeypatch.setattr(generator, "OUT", tmp_path / "customers.csv")
+    (tmp_path / "customers.csv").write_text(generator.render().replace("Walmart", "Wal-Mart"))
+    monkeypatch.setattr(sys, "argv", ["x", "--check"])
+    assert generator.main() == 1
