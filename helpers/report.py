@@ -96,12 +96,16 @@ def throughput(rows: int, seconds: float, input_tokens: int, output_tokens: int)
     })
 
 
+def _error_counts(errors: pd.DataFrame) -> tuple[int, int]:
+    """(rows rejected before the model, rows that failed in the engine) in an errors table."""
+    stages = errors["stage"].value_counts() if "stage" in errors else pd.Series(dtype=int)
+    return int(stages.get("rejected before the model", 0)), int(stages.get("engine", 0))
+
+
 def run_summary(*, rows_read: int, predictions: pd.DataFrame, errors: pd.DataFrame,
                 prediction_column: str, labels: Sequence[str]) -> dict:
     """Row accounting for a run: every row read is classified, rejected or errored, exactly once."""
-    stages = errors["stage"].value_counts() if "stage" in errors else pd.Series(dtype=int)
-    rejected = int(stages.get("rejected before the model", 0))
-    engine_errors = int(stages.get("engine", 0))
+    rejected, engine_errors = _error_counts(errors)
     unknown = sorted(set(predictions[prediction_column]) - set(labels)) if len(predictions) else []
     return {
         "rows read": int(rows_read),
@@ -117,9 +121,7 @@ def run_summary(*, rows_read: int, predictions: pd.DataFrame, errors: pd.DataFra
 
 def caption_summary(*, rows_read: int, captions: pd.DataFrame, errors: pd.DataFrame) -> dict:
     """Row accounting for a captioning run: every image is captioned, rejected or errored, exactly once."""
-    stages = errors["stage"].value_counts() if "stage" in errors else pd.Series(dtype=int)
-    rejected = int(stages.get("rejected before the model", 0))
-    engine_errors = int(stages.get("engine", 0))
+    rejected, engine_errors = _error_counts(errors)
     ids = pd.concat([captions.get("row_id", pd.Series(dtype=str)), errors.get("row_id", pd.Series(dtype=str))])
     return {
         "images read": int(rows_read),
