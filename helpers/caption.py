@@ -43,14 +43,18 @@ def max_model_len(tokenizer: Any, system_prompt: str, prompt: str, image_tokens:
     return -(-needed // multiple) * multiple
 
 
-def make_preprocess(*, system_prompt: str, prompt: str, max_tokens: int, temperature: float):
-    """Return the processor's ``preprocess``: prepared image row -> messages + sampling params."""
+def make_preprocess(*, system_prompt: str, prompt: str, max_tokens: int, temperature: float,
+                    carry: tuple[str, ...] = CARRIED):
+    """Return the processor's ``preprocess``: prepared image row -> messages + sampling params.
+
+    ``carry`` names the columns passed on to the results (never the image itself).
+    """
     from PIL import Image
 
     def preprocess(row: dict[str, Any]) -> dict[str, Any]:
         image = Image.fromarray(np.asarray(row[IMAGE], dtype=np.uint8))
         return {
-            **{c: row[c] for c in CARRIED},
+            **{c: row[c] for c in carry},
             "messages": build_messages(system_prompt, prompt, image),
             "sampling_params": {"temperature": temperature, "max_tokens": max_tokens},
         }
@@ -58,15 +62,20 @@ def make_preprocess(*, system_prompt: str, prompt: str, max_tokens: int, tempera
     return preprocess
 
 
-def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-    """Keep the id, source, sizes, caption and token counts; never the image."""
-    return {
-        **{c: row.get(c) for c in CARRIED},
-        CAPTION: row["generated_text"].strip(),
-        "num_input_tokens": int(row.get("num_input_tokens") or 0),
-        "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
-        "error": "",
-    }
+def make_postprocess(carry: tuple[str, ...] = CARRIED):
+    """Return the processor's ``postprocess``: keep the carried columns (id, source, sizes), the
+    caption and token counts; never the image."""
+
+    def postprocess(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **{c: row.get(c) for c in carry},
+            CAPTION: row["generated_text"].strip(),
+            "num_input_tokens": int(row.get("num_input_tokens") or 0),
+            "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
+            "error": "",
+        }
+
+    return postprocess
 
 
 def output_defaults() -> dict[str, Any]:

@@ -54,6 +54,10 @@ def engine_env(kv_cache_gib: float | None, log_level: str = "WARNING") -> dict[s
     here, so GPU users can still download models.
     """
     env = {"VLLM_LOGGING_LEVEL": log_level, "TOKENIZERS_PARALLELISM": "false"}
+    # A hub token for gated models travels to the workers from this process's environment only:
+    # it is never a parameter, so it never lands in an executed notebook.
+    if os.environ.get("HF_TOKEN"):
+        env["HF_TOKEN"] = os.environ["HF_TOKEN"]
     if kv_cache_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     if os.environ.get("HF_HUB_OFFLINE"):
@@ -61,12 +65,14 @@ def engine_env(kv_cache_gib: float | None, log_level: str = "WARNING") -> dict[s
     return env
 
 
-def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False) -> dict[str, Any]:
+def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False,
+              startup_timeout_s: int = 600) -> dict[str, Any]:
     """Connect to Ray, or start a local Ray sized by ``budget``; return the cluster's resources.
 
     On a cluster (``RAY_ADDRESS`` set, e.g. in a Ray job), the cluster's own resources apply.
     ``verbose=False`` turns off Ray Data's progress output and INFO logs, which in a non-interactive
-    run (papermill, a job) become thousands of log lines in the report.
+    run (papermill, a job) become thousands of log lines in the report. ``startup_timeout_s`` bounds
+    how long Ray Data waits for the engine actors to start before it raises instead of waiting forever.
     """
     import logging
 
@@ -74,6 +80,7 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = verbose
+    context.wait_for_min_actors_s = startup_timeout_s
     if not verbose:  # the memory-use hints repeat every 30 s for the tokenizer stages' ~0.5 GB
         context.issue_detectors_config.detectors = []
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)
@@ -96,3 +103,34 @@ def concurrency_arg(concurrency: int | list[int] | tuple[int, int]) -> int | tup
 def max_replicas(concurrency: int | list[int] | tuple[int, int]) -> int:
     """The most engine replicas ``CONCURRENCY`` can scale to."""
     return int(concurrency[-1]) if isinstance(concurrency, (list, tuple)) else int(concurrency)
+
+
+class UnschedulableError(RuntimeError):
+    """The run asks for resources the Ray cluster does not have: it would wait forever."""
+
+
+def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
+                      gpus_per_replica: int = 1) -> None:
+    """Fail fast, with numbers, when the engine replicas cannot all be placed on ``cluster``.
+
+    Ray does not fail when a request can never be met: the tasks and actors wait. This turns the
+    known cases into an error before anything starts: GPUs (of the requested type) missing, and
+    actor CPU reservations that leave no room for the pipeline's short tasks.
+    """
+    problems = []
+    cpus = cluster.get("CPU", 0.0)
+    if budget.reserved + budget.task_cpus > cpus:
+        problems.append(f"the actors reserve {budget.reserved:g} CPUs and tasks need {budget.task_cpus:g} more, "
+                        f"but the cluster has {cpus:g} CPUs")
+    if accelerator_type:
+        needed = gpus_per_replica * budget.engine_replicas
+        have = cluster.get("GPU", 0.0)
+        if have < needed:
+            problems.append(f"{budget.engine_replicas} engine replicas x {gpus_per_replica} GPU need {needed} GPUs, "
+                            f"but the cluster has {have:g}")
+        elif not any(k == f"accelerator_type:{accelerator_type}" for k in cluster):
+            types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
+            problems.append(f"ACCELERATOR_TYPE={accelerator_type!r} is not in the cluster (it has: {types or 'none'})")
+    if problems:
+        raise UnschedulableError("This run cannot be scheduled and would wait forever: " + "; ".join(problems)
+                                 + ". Set ACCELERATOR_TYPE=None to run on CPUs, lower CONCURRENCY, or use a bigger cluster.")

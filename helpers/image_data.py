@@ -46,9 +46,17 @@ def detect_format(path: str) -> str:
     raise ValueError(f"cannot tell the layout of {path!r}; set INPUT_FORMAT to one of {FORMATS}")
 
 
+def source_id_column(input_format: str, id_column: str | None) -> str | None:
+    """The column that identifies a row in the *source* data, as read (what resuming keys on):
+    the sample key in webdatasets, the file path in folders, ``id_column`` in parquet (or None)."""
+    return {"webdataset": "__key__", "images": "path", "parquet": id_column}[input_format]
+
+
 def read_images(path: str, input_format: str, *, image_column: str = "jpg", id_column: str | None = None,
                 num_cpus: float = 0.1):
-    """Read any of the three layouts into rows ``{row_id, source, image_bytes}``."""
+    """Read any of the three layouts into rows ``{row_id, source, image_bytes}`` plus the source's
+    own id column (see :func:`source_id_column`), kept under its name so results can be matched to
+    the source and interrupted runs resumed."""
     import ray
 
     if input_format not in FORMATS:
@@ -79,7 +87,8 @@ def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
         columns = [c for c in batch.columns if not c.startswith("__")]
         raise ValueError(f"the webdataset samples have no {image_column!r} field; fields: {columns}")
     sources = [f"{Path(str(p)).name}:{k}" for p, k in zip(batch.get("path", [""] * len(batch)), batch["__key__"])]
-    return pd.DataFrame({ROW_ID: sources, SOURCE: sources, IMAGE_BYTES: [_raw_bytes(v) for v in batch[image_column]]})
+    return pd.DataFrame({ROW_ID: sources, SOURCE: sources, "__key__": batch["__key__"].astype(str),
+                         IMAGE_BYTES: [_raw_bytes(v) for v in batch[image_column]]})
 
 
 def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:
@@ -90,13 +99,16 @@ def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None)
         ids = batch[id_column].astype(str).tolist()
     else:  # content hash: stable across runs whatever the order rows arrive in
         ids = [hashlib.sha1(b).hexdigest()[:16] for b in raw]
-    return pd.DataFrame({ROW_ID: ids, SOURCE: [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)],
-                         IMAGE_BYTES: raw})
+    out = pd.DataFrame({ROW_ID: ids, SOURCE: [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)],
+                        IMAGE_BYTES: raw})
+    if id_column:
+        out[id_column] = batch[id_column].to_numpy()
+    return out
 
 
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     paths = [str(p) for p in batch["path"]]
-    return pd.DataFrame({ROW_ID: paths, SOURCE: [Path(p).name for p in paths],
+    return pd.DataFrame({ROW_ID: paths, SOURCE: [Path(p).name for p in paths], "path": paths,
                          IMAGE_BYTES: [_raw_bytes(b) for b in batch["bytes"]]})
 
 
@@ -104,14 +116,11 @@ def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = T
                   max_pixels: int = images.DEFAULT_MAX_PIXELS) -> pd.DataFrame:
     """Validate and resize every image of a batch; a bad one gets a reason instead of an image.
 
-    Output columns: row_id, source, image (uint8 H x W x 3, None when rejected), width, height,
-    vision_tokens, reject_reason ("" when usable). The raw bytes are dropped here.
+    Output columns: the input's columns except the raw bytes (dropped here), plus image (uint8
+    H x W x 3, None when rejected), width, height, vision_tokens and reject_reason ("" when usable).
     """
-    out: dict[str, list] = {ROW_ID: [], SOURCE: [], IMAGE: [], "width": [], "height": [],
-                            "vision_tokens": [], REJECT_REASON: []}
-    for row_id, source, raw in zip(batch[ROW_ID], batch[SOURCE], batch[IMAGE_BYTES]):
-        out[ROW_ID].append(row_id)
-        out[SOURCE].append(source)
+    out: dict[str, list] = {IMAGE: [], "width": [], "height": [], "vision_tokens": [], REJECT_REASON: []}
+    for raw in batch[IMAGE_BYTES]:
         try:
             prepared = images.prepare_image(raw, max_tokens=max_tokens, keep_aspect=keep_aspect, max_pixels=max_pixels)
         except images.ImageRejected as exc:
@@ -126,7 +135,7 @@ def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = T
         out["height"].append(prepared.image.height)
         out["vision_tokens"].append(prepared.vision_tokens)
         out[REJECT_REASON].append("")
-    return pd.DataFrame(out)
+    return batch.drop(columns=[IMAGE_BYTES]).reset_index(drop=True).assign(**out)
 
 
 # --- the bundled sample set -------------------------------------------------------------------

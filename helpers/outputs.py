@@ -1,13 +1,21 @@
-"""Output folders and the final result tables.
+"""Output folders, resumable writes and the final result tables.
 
-Ray writes row-level parts under ``OUTPUT_DIR/parts/``; :func:`collect_results` turns them into
-the tables a person opens: ``predictions.parquet`` (rows the model answered) and
+Ray writes row-level parts under ``OUTPUT_DIR/parts/<name>/``; :func:`collect_results` turns them
+into the tables a person opens: ``predictions.parquet`` (or ``captions.parquet``) and
 ``errors.parquet`` (rows rejected before the model, or that failed in the engine, with the reason).
+
+Resuming uses Ray Data's own checkpointing: each write records the ids of the rows it wrote under
+``OUTPUT_DIR/checkpoint/<name>/``; after a crash, the next run with the same settings skips those
+rows at the read and appends the rest. A run that finished deletes its checkpoints, so the next
+run starts fresh and replaces the results instead of appending to them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,40 +24,118 @@ from typing import Any
 import pandas as pd
 
 PARTS = "parts"
+CHECKPOINT = "checkpoint"
+RUN_FILE = "run.json"
 PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
-#: Everything a run writes into its output folder; a new run removes exactly these, nothing else.
-RUN_ARTEFACTS = (PARTS, PREDICTIONS, ERRORS, "summary.json", "confusion_matrix.png", "label_counts.png",
-                 "captions.parquet", "captions.png")
+#: Derived files a run writes at the end; every run rewrites them.
+DERIVED = (PREDICTIONS, ERRORS, "summary.json", "confusion_matrix.png", "label_counts.png",
+           "captions.parquet", "captions.png")
 
 
-def prepare_output_dir(path: str) -> Path:
-    """Create ``path`` and remove what an earlier run wrote there, so results never pile up.
+def fingerprint(settings: Mapping[str, Any]) -> str:
+    """A short hash of the settings that decide a run's results (resume only with the same ones)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    Only this kit's own artefacts are removed; other files in the folder are left alone.
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """The output folder of one run and how it writes (see the module docstring)."""
+
+    root: Path
+    resume: bool
+    message: str
+
+    def parts(self, name: str) -> Path:
+        return self.root / PARTS / name
+
+    def checkpoint(self, name: str) -> Path:
+        return self.root / CHECKPOINT / name
+
+    def write(self, ds, name: str, *, id_column: str | None, num_cpus: float) -> int:
+        """Write ``ds`` to ``parts/<name>``, resumably when possible; return the rows written now.
+
+        With ``resume`` on and an ``id_column`` present in the *source* data (Ray's checkpoint
+        filter runs right after the read), finished rows are recorded and skipped on a re-run.
+        """
+        from ray.data.checkpoint import CheckpointConfig
+
+        target, checkpoint = self.parts(name), self.checkpoint(name)
+        resuming = self.resume and id_column is not None and checkpoint.is_dir()
+        if not resuming:
+            _remove(target)
+            _remove(checkpoint)
+        before = set(target.glob("**/*.parquet"))
+        # A dataset keeps the DataContext it was created with (shared by the datasets derived from
+        # it), so the checkpoint config goes on the dataset's context, only for this write.
+        context = ds.context
+        if self.resume and id_column is not None:
+            context.checkpoint_config = CheckpointConfig(id_column=id_column, checkpoint_path=str(checkpoint),
+                                                         delete_checkpoint_on_success=True)
+        try:
+            with warnings.catch_warnings():
+                # Ray only warns when a plan cannot be checkpointed; a resumable run must not lose that.
+                warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")
+                ds.write_parquet(str(target), mode="append" if resuming else "overwrite",
+                                 ray_remote_args={"num_cpus": num_cpus})
+        finally:
+            context.checkpoint_config = None
+        new = set(target.glob("**/*.parquet")) - before
+        return sum(_parquet_rows(p) for p in new)
+
+
+def _parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None) -> RunOutputs:
+    """Create the output folder and decide whether this run resumes an interrupted one.
+
+    It resumes only if ``resume`` is on, an earlier run left checkpoints, and that run used the
+    same ``settings``; otherwise everything an earlier run wrote is removed (only the kit's own
+    files: other files in the folder are left alone). ``message`` says which happened.
     """
     out = Path(path).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"OUTPUT_DIR={path!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    for name in RUN_ARTEFACTS:
-        target = out / name
-        if target.is_dir():
-            shutil.rmtree(target)
-        elif target.exists():
-            target.unlink()
     probe = out / ".write-test"
     try:
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
         raise PermissionError(f"OUTPUT_DIR={path!r} is not writable: {exc}") from exc
-    return out
+    run_file = out / RUN_FILE
+    current = fingerprint(settings or {})
+    previous = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
+    interrupted = (out / CHECKPOINT).is_dir() and any((out / CHECKPOINT).iterdir())
+    if resume and interrupted and previous == current:
+        message = "resuming an interrupted run: rows it finished are skipped"
+    else:
+        if resume and interrupted:
+            message = "an interrupted run used other settings: starting fresh"
+        else:
+            message = "starting fresh" + (" (replacing the results of an earlier run)" if (out / PARTS).exists() else "")
+        for name in (PARTS, CHECKPOINT):
+            _remove(out / name)
+    for name in DERIVED:
+        _remove(out / name)
+    run_file.write_text(json.dumps({"fingerprint": current, "settings": dict(settings or {})}, indent=2, default=str))
+    return RunOutputs(root=out, resume=resume, message=message)
 
 
 def read_parts(folder: Path) -> pd.DataFrame:
     """Read a Ray-written parquet folder (empty frame if Ray wrote nothing there)."""
-    if not folder.is_dir() or not any(folder.glob("*.parquet")):
+    if not folder.is_dir() or not any(folder.glob("**/*.parquet")):
         return pd.DataFrame()
     return pd.read_parquet(folder)
 

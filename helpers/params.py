@@ -44,6 +44,10 @@ def common_problems(p: Mapping[str, Any]) -> list[str]:
         problems.append(f"TEMPERATURE must be between 0 and 2, got {p['TEMPERATURE']!r}")
     if not (isinstance(p["CPU_STAGE_CPUS"], (int, float)) and 0 < p["CPU_STAGE_CPUS"] <= 8):
         problems.append(f"CPU_STAGE_CPUS must be in (0, 8], got {p['CPU_STAGE_CPUS']!r}")
+    if not isinstance(p["RESUME"], bool):
+        problems.append(f"RESUME must be True or False, got {p['RESUME']!r}")
+    if not (_is_int(p["STARTUP_TIMEOUT_S"]) and p["STARTUP_TIMEOUT_S"] >= 10):
+        problems.append(f"STARTUP_TIMEOUT_S must be a whole number of seconds >= 10, got {p['STARTUP_TIMEOUT_S']!r}")
     if p["KV_CACHE_GIB"] is not None and not (isinstance(p["KV_CACHE_GIB"], (int, float)) and p["KV_CACHE_GIB"] > 0):
         problems.append(f"KV_CACHE_GIB must be a positive number or None, got {p['KV_CACHE_GIB']!r}")
     return problems

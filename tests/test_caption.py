@@ -48,7 +48,7 @@ def test_preprocess_sends_an_image_pil_part_and_not_the_array():
 
 
 def test_postprocess_and_errors_keep_no_image():
-    ok = caption.postprocess({ROW_ID: "a", "source": "s", "width": 1, "height": 1, "vision_tokens": 1,
+    ok = caption.make_postprocess()({ROW_ID: "a", "source": "s", "width": 1, "height": 1, "vision_tokens": 1,
                               "generated_text": " A cat. ", "num_input_tokens": 80, "num_generated_tokens": 4,
                               "multimodal_data": {"image": [object()]}})
     failed = outputs.make_error_row_aligner(caption.CARRIED, caption.output_defaults())(

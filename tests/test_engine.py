@@ -41,3 +41,22 @@ def test_processor_config_accepts_cpu_placement():
     config = vLLMEngineProcessorConfig(model_source="m", concurrency=engine.concurrency_arg([1, 2]),
                                        **engine.engine_placement(None))
     assert config.accelerator_type is None and config.concurrency == (1, 2)
+
+
+def test_check_schedulable_names_the_missing_resources():
+    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=2, stage_cpus=0.1, stage_actors=2)
+    engine.check_schedulable({"CPU": 4.0}, budget, None)
+    with pytest.raises(engine.UnschedulableError, match=r"reserve 2.2 CPUs and tasks need 1 more, but the cluster has 3 CPUs"):
+        engine.check_schedulable({"CPU": 3.0}, budget, None)
+    with pytest.raises(engine.UnschedulableError, match="need 2 GPUs, but the cluster has 0"):
+        engine.check_schedulable({"CPU": 8.0}, budget, "L4")
+    with pytest.raises(engine.UnschedulableError, match=r"ACCELERATOR_TYPE='H100' is not in the cluster \(it has: \['L4'\]\)"):
+        engine.check_schedulable({"CPU": 8.0, "GPU": 2.0, "accelerator_type:L4": 1.0}, budget, "H100")
+    engine.check_schedulable({"CPU": 8.0, "GPU": 2.0, "accelerator_type:L4": 1.0}, budget, "L4")
+
+
+def test_engine_env_passes_a_token_without_it_being_a_parameter(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert engine.engine_env(1)["HF_TOKEN"] == "hf_x"
+    monkeypatch.delenv("HF_TOKEN")
+    assert "HF_TOKEN" not in engine.engine_env(1)

@@ -5,6 +5,7 @@ scripts/run_notebooks.py, the same path as the job, and assert on what the run w
 """
 
 import json
+import time
 
 import pandas as pd
 import papermill
@@ -19,7 +20,8 @@ def runner():
 
 
 @pytest.mark.slow
-def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path):
+def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_kit_test_secret_4242")  # must reach no report
     csv = tmp_path / "firms.csv"
     pd.DataFrame({
         "name": ["Walmart", "Pfizer", "", "Goldman Sachs", "Kirkland & Ellis", "Zillow", "Siemens", "   ",
@@ -48,6 +50,8 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path):
     assert sorted(errors["reason"]) == ["blank value (only whitespace)", "empty value"]
     html = (out / "text_classification.html").read_text()
     assert "accuracy:" in html and "all rows accounted for" in html
+    for report_file in ("text_classification.html", "text_classification.ipynb", "summary.json"):
+        assert "hf_kit_test_secret_4242" not in (out / report_file).read_text()
 
     # A second run into the same folder replaces the first run's results instead of adding to them.
     runner.run("text_classification", tmp_path / "results", {
@@ -96,7 +100,7 @@ def test_captioning_notebook_on_hf_parquet_layout(runner, tmp_path):
     assert summary["rejected before the model"] == 2 and summary["all images accounted for"]
     captions = pd.read_parquet(out / "captions.parquet")
     assert sorted(captions["row_id"]) == sorted(["astronaut", "coffee_cmyk", "rocket_transparent_png", "animated_gif"])
-    assert set(captions.columns) == {"row_id", "source", "width", "height", "vision_tokens", "caption",
+    assert set(captions.columns) == {"row_id", "source", "key", "width", "height", "vision_tokens", "caption",
                                      "num_input_tokens", "num_generated_tokens"}  # never the image
     assert (captions["width"] == captions["height"]).all() and (captions["vision_tokens"] <= 16).all()
     assert (captions["num_generated_tokens"] >= 1).all() and (captions["num_generated_tokens"] <= 8).all()
@@ -104,3 +108,13 @@ def test_captioning_notebook_on_hf_parquet_layout(runner, tmp_path):
     assert errors.loc["broken_truncated", "reason"] == "truncated file"
     assert errors.loc["broken_bomb", "reason"].startswith("too many pixels")
     assert "all images accounted for" in (out / "vlm_captioning.html").read_text()
+
+
+@pytest.mark.slow
+def test_unschedulable_request_fails_fast_instead_of_hanging(runner, tmp_path):
+    started = time.monotonic()
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "results", {"ACCELERATOR_TYPE": "L4", "LIMIT": 5})
+    assert "cannot be scheduled and would wait forever" in str(err.value)
+    assert "need 1 GPUs, but the cluster has 0" in str(err.value)
+    assert time.monotonic() - started < 180

@@ -48,6 +48,8 @@ def test_parameters_are_literals_with_a_comment_each(repo):
     ("OUTPUT_DIR", "", "OUTPUT_DIR must be a folder path"),
     ("KV_CACHE_GIB", 0, "KV_CACHE_GIB must be a positive number"),
     ("CPU_STAGE_CPUS", 0, "CPU_STAGE_CPUS must be in (0, 8]"),
+    ("RESUME", "yes", "RESUME must be True or False"),
+    ("STARTUP_TIMEOUT_S", 0, "STARTUP_TIMEOUT_S must be a whole number of seconds"),
 ])
 def test_each_bad_parameter_is_named(repo, name, value, message):
     _, defaults = notebook_defaults(repo, "text_classification")

@@ -49,12 +49,49 @@ def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
     (out / outputs.PARTS / "classified" / "old.parquet").write_text("x")
     (out / outputs.PREDICTIONS).write_text("old")
     (out / "my_notes.txt").write_text("keep me")
-    assert outputs.prepare_output_dir(str(out)) == out.resolve()
+    run = outputs.prepare_output_dir(str(out))
+    assert run.root == out.resolve() and not run.resume
+    assert run.message == "starting fresh (replacing the results of an earlier run)"
     assert not (out / outputs.PARTS).exists() and not (out / outputs.PREDICTIONS).exists()
     assert (out / "my_notes.txt").read_text() == "keep me"
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError):
         outputs.prepare_output_dir(str(tmp_path / "file"))
+
+
+def interrupted_run(out, settings):
+    outputs.prepare_output_dir(str(out), resume=True, settings=settings)
+    (out / outputs.PARTS / "classified").mkdir(parents=True)
+    (out / outputs.PARTS / "classified" / "done.parquet").write_text("rows")
+    (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
+    (out / outputs.CHECKPOINT / "classified" / "ids.parquet").write_text("ids")
+    (out / outputs.ERRORS).write_text("stale")
+
+
+def test_resume_keeps_an_interrupted_runs_parts_with_the_same_settings(tmp_path):
+    out = tmp_path / "o"
+    interrupted_run(out, {"model": "a"})
+    run = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "a"})
+    assert run.resume and run.message.startswith("resuming an interrupted run")
+    assert (out / outputs.PARTS / "classified" / "done.parquet").exists()
+    assert (out / outputs.CHECKPOINT / "classified" / "ids.parquet").exists()
+    assert not (out / outputs.ERRORS).exists()  # derived tables are always rebuilt
+
+
+def test_resume_starts_fresh_with_other_settings_or_when_off(tmp_path):
+    out = tmp_path / "o"
+    interrupted_run(out, {"model": "a"})
+    run = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "b"})
+    assert run.message == "an interrupted run used other settings: starting fresh"
+    assert not (out / outputs.PARTS).exists() and not (out / outputs.CHECKPOINT).exists()
+    interrupted_run(out, {"model": "a"})
+    outputs.prepare_output_dir(str(out), resume=False, settings={"model": "a"})
+    assert not (out / outputs.PARTS).exists()
+
+
+def test_fingerprint_is_order_independent():
+    assert outputs.fingerprint({"a": 1, "b": [1, 2]}) == outputs.fingerprint({"b": [1, 2], "a": 1})
+    assert outputs.fingerprint({"a": 1}) != outputs.fingerprint({"a": 2})
 
 
 def test_collect_results_splits_predictions_and_errors(tmp_path):

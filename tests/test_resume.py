@@ -1,0 +1,99 @@
+"""Long runs survive: kill a notebook run part-way, run it again, and account for every row.
+
+The proof that finished rows are not sent to the engine again comes from Ray's checkpoint: the ids
+committed before the kill are exactly the rows the re-run skips (the re-run reports how many rows
+the engine answered, counted from the files it wrote).
+"""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from conftest import REPO, load_script
+
+
+def start(notebook: str, root: Path, params: dict) -> subprocess.Popen:
+    cmd = [sys.executable, str(REPO / "scripts" / "run_notebooks.py"), "--only", notebook, "--out", str(root)]
+    for name, value in params.items():
+        cmd += ["-p", name, repr(value)]
+    return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def committed_ids(checkpoint: Path) -> set:
+    files = [f for f in checkpoint.glob("*.parquet") if not f.name.endswith(".pending.parquet")]
+    return set(pd.concat([pd.read_parquet(f) for f in files]).iloc[:, 0]) if files else set()
+
+
+def kill_when_checkpointed(proc: subprocess.Popen, checkpoint: Path, timeout: float = 600) -> None:
+    """SIGKILL the run and everything it started (kernel, Ray, engine) once a block is committed."""
+    deadline = time.monotonic() + timeout
+    while not committed_ids(checkpoint):
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline, "no checkpoint was written in time"
+        time.sleep(0.1)
+    family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=30)  # the family includes Ray's daemons, started by the kernel
+
+
+@pytest.mark.slow
+def test_text_run_resumes_after_kill_with_exact_once_rows(tmp_path):
+    # Small blocks and batches make the first run write often, so it can be killed part-way; the
+    # re-run may use faster settings (resuming needs the same *results* settings, not the same layout).
+    slow = {"NUM_BLOCKS": 40, "BATCH_SIZE": 8, "MAX_CONCURRENT_BATCHES": 1}
+    out = tmp_path / "results" / "text_classification"
+    proc = start("text_classification", tmp_path / "results", slow)
+    kill_when_checkpointed(proc, out / "checkpoint" / "classified")
+    done_before = committed_ids(out / "checkpoint" / "classified")
+    assert 0 < len(done_before) < 307
+
+    load_script("run_notebooks").run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"].startswith("resuming an interrupted run")
+    assert summary["sent to the engine in this run"] == 307 - len(done_before)
+    assert summary["rows read"] == 309 and summary["all rows accounted for"]
+    predictions = pd.read_parquet(out / "predictions.parquet")
+    errors = pd.read_parquet(out / "errors.parquet")
+    ids = pd.concat([predictions["Customer Id"], errors["Customer Id"]])
+    assert ids.is_unique and len(ids) == 309
+    assert done_before <= set(predictions["Customer Id"]) | set(errors["Customer Id"])
+    assert not (out / "checkpoint" / "classified").exists() or not any((out / "checkpoint" / "classified").iterdir())
+
+
+
+@pytest.mark.slow
+def test_captioning_run_resumes_after_kill_with_exact_once_images(tmp_path):
+    from helpers import image_data
+
+    sample = image_data.sample_files()
+    files = {f"{k}_{i}": v for i in range(4) for k, v in sample.items()}  # 84 images, 16 broken
+    shard = image_data.write_webdataset(files, tmp_path / "data" / "shard-000000.tar")
+    params = {"INPUT_PATH": str(shard), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}
+    out = tmp_path / "results" / "vlm_captioning"
+    proc = start("vlm_captioning", tmp_path / "results",
+                 {**params, "NUM_BLOCKS": 28, "BATCH_SIZE": 2, "MAX_CONCURRENT_BATCHES": 1})
+    kill_when_checkpointed(proc, out / "checkpoint" / "captioned")
+    done_before = committed_ids(out / "checkpoint" / "captioned")
+    good = sum(1 for k in files if not k.startswith("broken_"))
+    assert 0 < len(done_before) < good
+
+    load_script("run_notebooks").run("vlm_captioning", tmp_path / "results", {**params, "BATCH_SIZE": 16})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run"].startswith("resuming an interrupted run")
+    assert summary["sent to the engine in this run"] == good - len(done_before)
+    assert summary["images read"] == len(files) and summary["all images accounted for"]
+    captions = pd.read_parquet(out / "captions.parquet")
+    errors = pd.read_parquet(out / "errors.parquet")
+    keys = pd.concat([captions["__key__"], errors["__key__"]])
+    assert keys.is_unique and set(keys) == set(files)
+    assert set(errors["__key__"]) == {k for k in files if k.startswith("broken_")}
