@@ -67,6 +67,8 @@ class RunOutputs:
         """
         from ray.data.checkpoint import CheckpointConfig
 
+        from helpers.checkpointing import AnyBlockCheckpointFilter
+
         target, checkpoint = self.parts(name), self.checkpoint(name)
         resuming = self.resume and id_column is not None and checkpoint.is_dir()
         if not resuming:
@@ -78,7 +80,8 @@ class RunOutputs:
         context = ds.context
         if self.resume and id_column is not None:
             context.checkpoint_config = CheckpointConfig(id_column=id_column, checkpoint_path=str(checkpoint),
-                                                         delete_checkpoint_on_success=True)
+                                                         delete_checkpoint_on_success=True,
+                                                         checkpoint_filter_cls=AnyBlockCheckpointFilter)
         try:
             with warnings.catch_warnings():
                 # Ray only warns when a plan cannot be checkpointed; a resumable run must not lose that.

@@ -113,3 +113,23 @@ def test_collect_results_with_nothing_rejected(tmp_path):
     pd.DataFrame({"row_id": ["1"], "error": [""]}).to_parquet(tmp_path / outputs.PARTS / "classified" / "a.parquet")
     res = outputs.collect_results(tmp_path, "classified", "rejected", "reject_reason")
     assert len(res.predictions) == 1 and len(res.errors) == 0
+
+
+def test_checkpoint_filter_accepts_pandas_and_arrow_blocks():
+    import numpy as np
+    import pyarrow as pa
+    import ray
+    from ray.data.checkpoint import CheckpointConfig
+
+    from helpers.checkpointing import AnyBlockCheckpointFilter
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        ref = ray.put(np.array(["a", "c"], dtype=object))
+        f = AnyBlockCheckpointFilter(CheckpointConfig(id_column="k", checkpoint_path="/tmp/unused"), ref)
+        kept = f.filter_rows_for_block(pd.DataFrame({"k": ["a", "b", "c", "d"], "v": [1, 2, 3, 4]}))
+        assert kept.column("k").to_pylist() == ["b", "d"]
+        kept = f.filter_rows_for_block(pa.table({"k": ["a", "e"]}))
+        assert kept.column("k").to_pylist() == ["e"]
+    finally:
+        ray.shutdown()
