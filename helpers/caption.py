@@ -8,6 +8,7 @@ import numpy as np
 
 from helpers.data import ROW_ID
 from helpers.image_data import IMAGE, SOURCE
+from helpers.outputs import result_row
 
 CAPTION = "caption"
 #: Columns carried from the prepared image rows to the results (never the image itself).
@@ -67,13 +68,7 @@ def make_postprocess(carry: tuple[str, ...] = CARRIED):
     caption and token counts; never the image."""
 
     def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **{c: row.get(c) for c in carry},
-            CAPTION: row["generated_text"].strip(),
-            "num_input_tokens": int(row.get("num_input_tokens") or 0),
-            "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
-            "error": "",
-        }
+        return result_row(row, carry, **{CAPTION: row["generated_text"].strip()})
 
     return postprocess
 

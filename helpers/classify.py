@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from helpers.outputs import result_row
+
 DEFAULT_LABELS: tuple[str, ...] = (
     "Law Firm", "Healthcare", "Technology", "Retail", "Consulting",
     "Manufacturing", "Finance", "Real Estate", "Other",
@@ -86,13 +88,7 @@ def make_postprocess(keep_columns: Sequence[str]):
     keep = list(keep_columns)
 
     def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            **{c: row.get(c) for c in keep},
-            PREDICTION: row["generated_text"].strip(),
-            "num_input_tokens": int(row.get("num_input_tokens") or 0),
-            "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
-            "error": "",
-        }
+        return result_row(row, keep, **{PREDICTION: row["generated_text"].strip()})
 
     return postprocess
 

@@ -173,6 +173,18 @@ def collect_results(out: Path, processed: str, rejected: str, reason_column: str
     return Results(predictions=predictions, errors=errors)
 
 
+def result_row(row: Mapping[str, Any], keep_columns: Sequence[str], **outputs: Any) -> dict[str, Any]:
+    """A successful result row: the kept input columns, the task's outputs, the engine's token
+    counts, and an empty ``error`` (the shape :func:`make_error_row_aligner` gives failed rows)."""
+    return {
+        **{c: row.get(c) for c in keep_columns},
+        **outputs,
+        "num_input_tokens": int(row.get("num_input_tokens") or 0),
+        "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
+        "error": "",
+    }
+
+
 def make_error_row_aligner(keep_columns: Sequence[str], output_defaults: Mapping[str, Any]):
     """Give engine-error rows the columns successful rows have, so both land in one table.
 
