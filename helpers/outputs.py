@@ -70,7 +70,7 @@ class RunOutputs:
         from helpers.checkpointing import AnyBlockCheckpointFilter
 
         target, checkpoint = self.parts(name), self.checkpoint(name)
-        resuming = self.resume and id_column is not None and checkpoint.is_dir()
+        resuming = self.resume and id_column is not None and has_checkpoint(checkpoint)
         if not resuming:
             _remove(target)
             _remove(checkpoint)
@@ -92,6 +92,15 @@ class RunOutputs:
             context.checkpoint_config = None
         new = set(target.glob("**/*.parquet")) - before
         return sum(_parquet_rows(p) for p in new)
+
+
+def has_checkpoint(folder: Path) -> bool:
+    """True when ``folder`` holds committed checkpoint files (ids of rows a run finished).
+
+    An empty folder, or one with only ``.pending`` files (a write killed before it committed), has
+    nothing to resume from: that write starts over, which also removes its orphaned data files.
+    """
+    return folder.is_dir() and any(not f.name.endswith(".pending.parquet") for f in folder.glob("*.parquet"))
 
 
 def _parquet_rows(path: Path) -> int:
@@ -120,7 +129,7 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     run_file = out / RUN_FILE
     current = fingerprint(settings or {})
     previous = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
-    interrupted = (out / CHECKPOINT).is_dir() and any((out / CHECKPOINT).iterdir())
+    interrupted = any(has_checkpoint(folder) for folder in (out / CHECKPOINT).glob("*"))
     if resume and interrupted and previous == current:
         message = "resuming an interrupted run: rows it finished are skipped"
     else:

@@ -11,9 +11,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load_script(name: str) -> ModuleType:
-    """Import ``scripts/<name>.py`` as a module (scripts are not a package)."""
-    spec = importlib.util.spec_from_file_location(f"kit_scripts_{name}", REPO / "scripts" / f"{name}.py")
+def load_script(name: str, folder: str = "scripts") -> ModuleType:
+    """Import ``<folder>/<name>.py`` as a module (scripts and benchmarks are not packages)."""
+    spec = importlib.util.spec_from_file_location(f"kit_{folder}_{name}", REPO / folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

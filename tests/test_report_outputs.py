@@ -65,6 +65,7 @@ def interrupted_run(out, settings):
     (out / outputs.PARTS / "classified" / "done.parquet").write_text("rows")
     (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
     (out / outputs.CHECKPOINT / "classified" / "ids.parquet").write_text("ids")
+    (out / outputs.CHECKPOINT / "rejected").mkdir(parents=True)  # finished: Ray emptied it
     (out / outputs.ERRORS).write_text("stale")
 
 
@@ -87,6 +88,26 @@ def test_resume_starts_fresh_with_other_settings_or_when_off(tmp_path):
     interrupted_run(out, {"model": "a"})
     outputs.prepare_output_dir(str(out), resume=False, settings={"model": "a"})
     assert not (out / outputs.PARTS).exists()
+
+
+def test_only_committed_checkpoints_count(tmp_path):
+    folder = tmp_path / "ck"
+    assert not outputs.has_checkpoint(folder)
+    folder.mkdir()
+    assert not outputs.has_checkpoint(folder)  # emptied after a finished run
+    (folder / "abc.pending.parquet").write_text("")
+    assert not outputs.has_checkpoint(folder)  # killed before the first commit
+    (folder / "abc.parquet").write_text("")
+    assert outputs.has_checkpoint(folder)
+
+
+def test_an_emptied_checkpoint_folder_means_a_fresh_start(tmp_path):
+    out = tmp_path / "o"
+    outputs.prepare_output_dir(str(out), resume=True, settings={"a": 1})
+    (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
+    (out / outputs.PARTS / "classified").mkdir(parents=True)
+    run = outputs.prepare_output_dir(str(out), resume=True, settings={"a": 1})
+    assert run.message.startswith("starting fresh") and not (out / outputs.PARTS).exists()
 
 
 def test_fingerprint_is_order_independent():
