@@ -1,0 +1,104 @@
+import pytest
+
+from helpers import checks, classify, presets
+from helpers.presets import PRESETS, Preset
+
+
+def test_seed_presets_are_as_published():
+    text = PRESETS["text-llama8b-l4"]
+    assert (text.model_source, text.accelerator_type, text.batch_size, text.max_model_len, text.concurrency) == \
+        ("unsloth/Llama-3.1-8B-Instruct", "L4", 256, 256, 4)
+    assert PRESETS["text-llama8b-l4-scaled"].concurrency == 10 and PRESETS["text-llama8b-l4-scaled"].limit == 1_000_000
+    vision = PRESETS["vision-qwen3b-l4"]
+    assert (vision.batch_size, vision.max_model_len, vision.concurrency) == (16, 8192, 4)
+    big = PRESETS["vision-llama90b-h100-tp8-pp2"]
+    assert big.gpus_per_replica == 16 and big.engine_kwargs()["distributed_executor_backend"] == "ray"
+    assert {p.accelerator_type for p in PRESETS.values()} >= {None, "L4", "A10G", "A100-80G", "H100", "H200"}
+
+
+def test_presets_are_frozen_and_overrides_are_checked():
+    preset = PRESETS["text-llama8b-l4"]
+    with pytest.raises(Exception):
+        preset.batch_size = 1  # type: ignore[misc]
+    assert preset.override(batch_size=128).batch_size == 128 and preset.batch_size == 256
+    with pytest.raises(TypeError, match=r"unknown preset field\(s\) \['batch_sise'\]"):
+        preset.override(batch_sise=128)
+
+
+def test_auto_picks_cpu_without_gpu_and_gpu_preset_with_one():
+    assert presets.select("auto", "text", has_gpu=False).name == "text-cpu-offline"
+    assert presets.select("auto", "text", has_gpu=True).name == "text-llama8b-l4"
+    assert presets.select("auto", "vision", has_gpu=True).name == "vision-qwen3b-l4"
+    assert presets.select("auto", "vision", has_gpu=False, batch_size=4).batch_size == 4
+    with pytest.raises(KeyError, match="no preset 'nope'"):
+        presets.select("nope", "text")
+    with pytest.raises(ValueError, match="is for the vision task"):
+        presets.select("vision-qwen3b-l4", "text")
+
+
+def test_every_preset_passes_its_own_checks():
+    for preset in PRESETS.values():
+        warnings = checks.enforce(checks.check_preset(preset))  # no errors
+        if preset.name not in ("text-llama8b-l4", "text-llama8b-l4-scaled", "text-llama8b-a10g",
+                               "vision-qwen3b-l4", "vision-qwen3b-l4-scaled"):
+            assert warnings == [], (preset.name, warnings)
+
+
+def test_batching_rule_with_numbers():
+    assert checks.batching(128, 4, 256) == []
+    [finding] = checks.batching(64, 2, 256)
+    assert finding.level == "error" and "64 x 2 = 128 < max_num_seqs = 256" in finding.message
+
+
+def test_memory_estimate_errors_when_weights_do_not_fit_and_warns_on_kv():
+    seventy_b_on_one_l4 = PRESETS["text-llama8b-l4"].override(model_source="meta-llama/Llama-3.1-70B-Instruct")
+    [finding] = checks.memory(seventy_b_on_one_l4, checks.KNOWN_MODELS["meta-llama/Llama-3.1-70B-Instruct"])
+    assert finding.level == "error" and "weights need 131.5 GiB per GPU" in finding.message
+    long_context = PRESETS["text-llama8b-l4"].override(max_model_len=8192)
+    [finding] = checks.memory(long_context, checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"])
+    assert finding.level == "warning" and "256 sequences x 8192 tokens" in finding.message
+    # The seed's own L4 run: the weights fit, but not 256 full-length sequences at once (~143 do).
+    [seed] = checks.memory(PRESETS["text-llama8b-l4"], checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"])
+    assert seed.level == "warning" and "only ~143 full-length sequences fit" in seed.message
+    assert checks.memory(PRESETS["text-llama8b-a100"], checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]) == []
+
+
+def test_model_shape_from_config_matches_published_size():
+    llama8b = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
+    shape = checks.ModelShape.from_config(llama8b)
+    assert abs(shape.parameters - 8.03e9) / 8.03e9 < 0.01
+    assert shape.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"].kv_bytes_per_token
+
+
+def test_tensor_parallel_over_pcie_is_warned():
+    [finding] = checks.interconnect(PRESETS["text-llama8b-l4"].override(tensor_parallel_size=2))
+    assert finding.level == "warning" and "PCIe" in finding.message
+    assert checks.interconnect(PRESETS["text-llama70b-h100-tp4"]) == []
+
+
+def test_blocks_rules():
+    [idle] = checks.blocks(num_blocks=4, replicas=4, batch_size=256)
+    assert "some replicas will idle" in idle.message
+    [big] = checks.blocks(num_blocks=8, replicas=2, batch_size=128, rows=10_000)
+    assert "1250 rows per block > batch_size=128" in big.message and "at least 79 blocks" in big.message
+    assert checks.blocks(num_blocks=256, replicas=4, batch_size=128, rows=10_000) == []
+
+
+def test_enforce_raises_all_errors_and_returns_warnings():
+    findings = [checks.Finding("warning", "w"), checks.Finding("error", "e1"), checks.Finding("error", "e2")]
+    with pytest.raises(checks.ConfigurationError, match="e1\n  - e2"):
+        checks.enforce(findings)
+    assert checks.enforce([checks.Finding("warning", "w")]) == ["w"]
+
+
+def test_suggest_max_model_len_uses_the_models_template(smollm2_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    companies = ["Apple", "Walmart", "Skadden, Arps, Slate, Meagher & Flom"] + [" ".join(f"w{i}" for i in range(400))]
+    conversations = [classify.build_messages(c, classify.DEFAULT_LABELS, "Classify.", "Company: {text}")
+                     for c in companies]
+    suggestion = checks.suggest_max_model_len(tok, conversations, max_tokens=14, quantile=0.75)
+    assert suggestion["p50"] < 100 < 400 < suggestion["max"]
+    assert suggestion["max_model_len"] % 64 == 0 and suggestion["max_model_len"] < 200  # the outlier does not set it
