@@ -1,0 +1,49 @@
+"""The job definitions are valid and run the notebook, not a copy of it."""
+
+import shlex
+
+import pytest
+import yaml
+
+from conftest import REPO, load_script
+
+
+@pytest.fixture(scope="module")
+def job():
+    return yaml.safe_load((REPO / "job.yaml").read_text())
+
+
+def test_job_yaml_is_a_valid_anyscale_job_config():
+    from anyscale.job.models import JobConfig
+
+    config = JobConfig.from_yaml(str(REPO / "job.yaml"))
+    assert config.name == "llm-batch-text-classification" and config.max_retries == 2
+    assert config.image_uri.startswith("anyscale/ray-llm:2.60.0")
+
+
+def test_anyscale_rejects_what_a_typo_would_produce(job):
+    from anyscale.job.models import JobConfig
+
+    with pytest.raises(TypeError, match="max_retires"):
+        JobConfig.from_dict({**job, "max_retires": 2})
+    with pytest.raises(ValueError, match="'entrypoint' cannot be empty"):
+        JobConfig.from_dict({**job, "entrypoint": ""})
+
+
+def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
+    from helpers import params
+
+    command = job["entrypoint"].split("&&")[-1]
+    args = shlex.split(command)
+    assert args[:2] == ["python", "scripts/run_notebooks.py"] and "text_classification" in args
+    runner = load_script("run_notebooks")
+    overrides = {args[i + 1]: runner.parse_value(args[i + 2]) for i, a in enumerate(args) if a == "-p"}
+    assert overrides["MODEL_SOURCE"] == "unsloth/Llama-3.1-8B-Instruct" and overrides["CONCURRENCY"] == 4
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    defaults: dict = {}
+    exec(cell.source, defaults)
+    assert set(overrides) <= {k for k in defaults if k.isupper()}, "job.yaml sets a parameter the notebook lacks"
+    assert params.text_problems({**{k: v for k, v in defaults.items() if k.isupper()}, **overrides}) == []
