@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -62,7 +63,21 @@ def engine_env(kv_cache_gib: float | None, log_level: str = "WARNING") -> dict[s
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     if os.environ.get("HF_HUB_OFFLINE"):
         env["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
-    return env
+    # Inside a Ray job, the job's runtime_env already reaches every worker, and Ray refuses any
+    # ray.init runtime_env (the processor calls ray.init too) that sets the same variables again.
+    job_vars = job_env_vars()
+    return {k: v for k, v in env.items() if k not in job_vars}
+
+
+def job_env_vars() -> dict[str, str]:
+    """Environment variables the enclosing Ray job's runtime_env sets ({} outside a Ray job)."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return {}
+    try:
+        return dict((json.loads(raw).get("runtime_env") or {}).get("env_vars") or {})
+    except (ValueError, AttributeError):
+        return {}
 
 
 def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False,

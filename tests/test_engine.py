@@ -60,3 +60,15 @@ def test_engine_env_passes_a_token_without_it_being_a_parameter(monkeypatch):
     assert engine.engine_env(1)["HF_TOKEN"] == "hf_x"
     monkeypatch.delenv("HF_TOKEN")
     assert "HF_TOKEN" not in engine.engine_env(1)
+
+
+def test_job_env_vars_are_left_to_the_job(monkeypatch):
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert engine.job_env_vars() == {}
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR",
+                       '{"runtime_env": {"working_dir": "gcs://x.zip", "env_vars": {"HF_HUB_OFFLINE": "1"}}, "metadata": {}}')
+    assert engine.job_env_vars() == {"HF_HUB_OFFLINE": "1"}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE" not in engine.engine_env(1)  # the job sets it; setting it again is refused
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "not json")
+    assert engine.job_env_vars() == {}

@@ -43,8 +43,13 @@ def local_cluster():
         started = subprocess.run(
             [str(Path(sys.executable).parent / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
              "--port", str(gcs_port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
-             "--num-cpus", "3", "--temp-dir", temp_dir, "--disable-usage-stats"],
-            capture_output=True, text=True, timeout=180)
+             "--num-cpus", "3", "--temp-dir", temp_dir, "--disable-usage-stats",
+             # Free ports for the node's agents too: their defaults may be taken by another Ray here.
+             "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+             "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())],
+            capture_output=True, text=True, timeout=180,
+            # The cluster's environment is the kit's: job entrypoints run `python` from it.
+            env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"http://127.0.0.1:{dashboard_port}"
     finally:
@@ -72,8 +77,8 @@ def test_text_notebook_as_a_ray_job(local_cluster, tmp_path):
               "--runtime-env-json", json.dumps(runtime_env), "--",
               "python", "scripts/run_notebooks.py", "--only", "text_classification", "--out", str(out),
               "-p", "LIMIT", "24", "-p", "NUM_BLOCKS", "2"]
-    for _ in range(40):  # the head's job agent takes a few seconds to come up after `ray start`
-        result = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=120)
+    for _ in range(20):  # the head's job agent takes a few seconds to come up after `ray start`
+        result = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=60)
         if "No available agent" not in result.stdout + result.stderr:
             break
         time.sleep(3)
