@@ -8,7 +8,13 @@ Each module has one job and no side effects at import:
 - ``engine``: Ray start-up and the resource settings that differ between CPU and GPU.
 - ``params``: up-front validation of notebook parameters.
 - ``report``: accuracy, per-label tables, charts and throughput.
-- ``outputs``: output folders and the final result tables.
+- ``outputs``: output folders, resumable writes and the final result tables.
+- ``checkpointing``: a Ray Data checkpoint filter that also accepts pandas blocks.
+- ``images``: image validation, normalisation and resizing to a vision model's grid.
+- ``image_data``: image datasets (webdataset, parquet, folders), the sample set, per-batch preparation.
+- ``caption``: captioning prompts, the context budget and post-processing.
+- ``presets``: named run configurations (CPU offline, the seeds' GPU runs, bigger and multi-GPU).
+- ``checks``: the throughput guide's rules as checks with numbers.
 """
 
 __version__ = "0.1.0"
