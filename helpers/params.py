@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from helpers import presets
+
 
 class ParameterError(ValueError):
     """One or more notebook parameters are invalid; the message lists every problem."""
@@ -23,21 +25,28 @@ def _concurrency_ok(value: Any) -> bool:
     return False
 
 
-def common_problems(p: Mapping[str, Any]) -> list[str]:
-    """Problems with the parameters both notebooks share."""
+def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
+    """Problems with the parameters both notebooks share (``task``: "text" or "vision")."""
     problems = []
     if p["LIMIT"] is not None and not (_is_int(p["LIMIT"]) and p["LIMIT"] >= 1):
         problems.append(f"LIMIT must be a positive integer or None (all rows), got {p['LIMIT']!r}")
+    # None: take the value from PRESET.
+    if p["PRESET"] not in presets.names(task):
+        problems.append(f"PRESET must be one of {presets.names(task)}, got {p['PRESET']!r}")
     for name in ("NUM_BLOCKS", "BATCH_SIZE", "MAX_MODEL_LEN", "MAX_CONCURRENT_BATCHES"):
-        if not (_is_int(p[name]) and p[name] >= 1):
-            problems.append(f"{name} must be a positive integer, got {p[name]!r}")
-    if not _concurrency_ok(p["CONCURRENCY"]):
-        problems.append(f"CONCURRENCY must be n >= 1 or a pair (min, max) with 1 <= min <= max, "
+        if p[name] is not None and not (_is_int(p[name]) and p[name] >= 1):
+            problems.append(f"{name} must be a positive integer or None (from PRESET), got {p[name]!r}")
+    if p["CONCURRENCY"] is not None and not _concurrency_ok(p["CONCURRENCY"]):
+        problems.append(f"CONCURRENCY must be n >= 1, a pair (min, max) with 1 <= min <= max, or None (from PRESET), "
                         f"got {p['CONCURRENCY']!r}")
-    if not isinstance(p["MODEL_SOURCE"], str) or not p["MODEL_SOURCE"].strip():
-        problems.append(f"MODEL_SOURCE must be 'offline', a Hugging Face id or a folder, got {p['MODEL_SOURCE']!r}")
+    if p["MODEL_SOURCE"] is not None and (not isinstance(p["MODEL_SOURCE"], str) or not p["MODEL_SOURCE"].strip()):
+        problems.append(f"MODEL_SOURCE must be 'offline', a Hugging Face id, a folder or None (from PRESET), "
+                        f"got {p['MODEL_SOURCE']!r}")
     if p["ACCELERATOR_TYPE"] is not None and not (isinstance(p["ACCELERATOR_TYPE"], str) and p["ACCELERATOR_TYPE"]):
-        problems.append(f"ACCELERATOR_TYPE must be None (CPU) or a GPU type such as 'L4', got {p['ACCELERATOR_TYPE']!r}")
+        problems.append(f"ACCELERATOR_TYPE must be a GPU type such as 'L4' or None (from PRESET; the CPU presets "
+                        f"run on the CPU), got {p['ACCELERATOR_TYPE']!r}")
+    if p["ENFORCE_EAGER"] is not None and not isinstance(p["ENFORCE_EAGER"], bool):
+        problems.append(f"ENFORCE_EAGER must be True, False or None (from PRESET), got {p['ENFORCE_EAGER']!r}")
     if not isinstance(p["OUTPUT_DIR"], str) or not p["OUTPUT_DIR"].strip():
         problems.append(f"OUTPUT_DIR must be a folder path, got {p['OUTPUT_DIR']!r}")
     if not (isinstance(p["TEMPERATURE"], (int, float)) and 0 <= p["TEMPERATURE"] <= 2):
@@ -55,7 +64,7 @@ def common_problems(p: Mapping[str, Any]) -> list[str]:
 
 def text_problems(p: Mapping[str, Any]) -> list[str]:
     """Problems with the text-classification notebook's parameters."""
-    problems = common_problems(p)
+    problems = common_problems(p, "text")
     labels = p["LABELS"]
     if not (isinstance(labels, (list, tuple)) and len(labels) >= 2 and all(isinstance(x, str) and x.strip() for x in labels)):
         problems.append(f"LABELS must be a list of at least two non-empty strings, got {labels!r}")
@@ -75,7 +84,7 @@ def text_problems(p: Mapping[str, Any]) -> list[str]:
 def caption_problems(p: Mapping[str, Any]) -> list[str]:
     """Problems with the captioning notebook's parameters."""
     # MAX_MODEL_LEN is derived from the image and caption budgets in this notebook, not a parameter.
-    problems = common_problems({**p, "MAX_MODEL_LEN": 1})
+    problems = common_problems({**p, "MAX_MODEL_LEN": None}, "vision")
     if p["INPUT_FORMAT"] not in ("auto", "webdataset", "parquet", "images"):
         problems.append(f"INPUT_FORMAT must be auto, webdataset, parquet or images, got {p['INPUT_FORMAT']!r}")
     for name in ("IMAGE_TOKENS", "MAX_TOKENS", "MAX_PIXELS"):

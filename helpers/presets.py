@@ -9,6 +9,7 @@ GPU preset when one is.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ class Preset:
     task: str  # "text" or "vision"
     model_source: str
     accelerator_type: str | None
-    concurrency: int
+    concurrency: int | tuple[int, int]  # engine replicas; a pair (min, max) autoscales
     batch_size: int
     max_model_len: int
     num_blocks: int
@@ -149,3 +150,50 @@ def select(name: str, task: str, *, has_gpu: bool | None = None, **overrides: An
     if preset.task != task:
         raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
     return preset.override(**overrides) if overrides else preset
+
+
+#: Notebook parameters that default to ``None``, meaning "take this field from PRESET".
+PARAMETER_FIELDS: dict[str, str] = {
+    "MODEL_SOURCE": "model_source", "ACCELERATOR_TYPE": "accelerator_type", "CONCURRENCY": "concurrency",
+    "BATCH_SIZE": "batch_size", "MAX_CONCURRENT_BATCHES": "max_concurrent_batches", "MAX_MODEL_LEN": "max_model_len",
+    "NUM_BLOCKS": "num_blocks", "ENFORCE_EAGER": "enforce_eager",
+}
+
+
+def names(task: str) -> list[str]:
+    """The presets for ``task``, plus "auto"."""
+    return ["auto", *sorted(n for n, p in PRESETS.items() if p.task == task)]
+
+
+def from_parameters(task: str, parameters: Mapping[str, Any], *, has_gpu: bool | None = None) -> Preset:
+    """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
+    parameter that is not ``None`` on top of it, field by field."""
+    overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
+                 if parameters.get(name) is not None}
+    if isinstance(overrides.get("concurrency"), list):
+        overrides["concurrency"] = tuple(overrides["concurrency"])
+    return select(parameters["PRESET"], task, has_gpu=has_gpu, **overrides)
+
+
+def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per preset-backed setting: its value and whether it came from the preset or a parameter."""
+    rows = []
+    for name, field in PARAMETER_FIELDS.items():
+        if name not in parameters:
+            continue
+        chosen = parameters[name] is not None
+        rows.append({"parameter": name, "value": repr(getattr(preset, field)),
+                     "from": "your parameter" if chosen else f"preset {preset.name}"})
+    for field in ("max_num_seqs", "tensor_parallel_size", "pipeline_parallel_size", "quantization"):
+        rows.append({"parameter": field, "value": repr(getattr(preset, field)), "from": f"preset {preset.name}"})
+    return rows
+
+
+def overview(task: str) -> list[dict[str, Any]]:
+    """One row per preset for ``task``, in short columns, for a table in a notebook."""
+    return [{
+        "preset": p.name, "model": p.model_source, "GPU": p.accelerator_type or "CPU", "replicas": p.concurrency,
+        "GPUs per replica": p.gpus_per_replica, "batch": p.batch_size, "max_model_len": p.max_model_len,
+        "max_num_seqs": p.max_num_seqs, "blocks": p.num_blocks, "rows": f"{p.limit:,}" if p.limit else "all",
+        "about": p.description,
+    } for p in PRESETS.values() if p.task == task]

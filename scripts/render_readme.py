@@ -1,7 +1,8 @@
-"""Keep the README's parameter tables in step with the notebooks' parameters cells.
+"""Keep the README's generated tables in step with their sources.
 
-Each table sits between ``<!-- params:NAME -->`` and ``<!-- /params:NAME -->`` in README.md and is
-generated from the ``parameters`` cell of ``notebooks/NAME.ipynb``. ``--check`` fails on drift
+A parameter table sits between ``<!-- params:NAME -->`` and ``<!-- /params:NAME -->`` in README.md
+and is generated from the ``parameters`` cell of ``notebooks/NAME.ipynb``; the presets table sits
+between ``<!-- presets -->`` and ``<!-- /presets -->`` and comes from ``helpers.presets``. ``--check`` fails on drift
 (a test runs it); without it, the README is rewritten in place.
 """
 
@@ -40,8 +41,25 @@ def table(notebook: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+PRESETS_BLOCK = re.compile(r"(<!-- presets -->\n)(?P<body>.*?)(<!-- /presets -->)", re.DOTALL)
+
+
+def presets_table() -> str:
+    from helpers import presets
+
+    lines = ["| preset | model | GPU | replicas x GPUs each | batch | max_model_len | blocks | rows |",
+             "|---|---|---|---|---|---|---|---|"]
+    for task in ("text", "vision"):
+        for row in presets.overview(task):
+            lines.append(f"| `{row['preset']}` | {row['model']} | {row['GPU']} | {row['replicas']} x "
+                         f"{row['GPUs per replica']} | {row['batch']} | {row['max_model_len']} | {row['blocks']} | "
+                         f"{row['rows']} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(text: str) -> str:
-    return BLOCK.sub(lambda m: m.group(1) + table(REPO / "notebooks" / f"{m.group('name')}.ipynb") + m.group(4), text)
+    text = BLOCK.sub(lambda m: m.group(1) + table(REPO / "notebooks" / f"{m.group('name')}.ipynb") + m.group(4), text)
+    return PRESETS_BLOCK.sub(lambda m: m.group(1) + presets_table() + m.group(3), text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     new = render(text)
     if args.check:
         if new != text:
-            print("README.md parameter tables are out of date: run python scripts/render_readme.py")
+            print("README.md generated tables are out of date: run python scripts/render_readme.py")
             return 1
         return 0
     README.write_text(new, encoding="utf-8")

@@ -31,14 +31,16 @@ def test_anyscale_rejects_what_a_typo_would_produce(job):
 
 
 def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
-    from helpers import params
+    from helpers import params, presets
 
     command = job["entrypoint"].split("&&")[-1]
     args = shlex.split(command)
     assert args[:2] == ["python", "scripts/run_notebooks.py"] and "text_classification" in args
     runner = load_script("run_notebooks")
     overrides = {args[i + 1]: runner.parse_value(args[i + 2]) for i, a in enumerate(args) if a == "-p"}
-    assert overrides["MODEL_SOURCE"] == "unsloth/Llama-3.1-8B-Instruct" and overrides["CONCURRENCY"] == 4
+    assert overrides["PRESET"] == "text-llama8b-l4" and overrides["LIMIT"] == 10_000
+    preset = presets.select(overrides["PRESET"], "text")
+    assert (preset.model_source, preset.accelerator_type, preset.concurrency) == ("unsloth/Llama-3.1-8B-Instruct", "L4", 4)
     import nbformat
 
     nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
@@ -47,3 +49,9 @@ def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
     exec(cell.source, defaults)
     assert set(overrides) <= {k for k in defaults if k.isupper()}, "job.yaml sets a parameter the notebook lacks"
     assert params.text_problems({**{k: v for k, v in defaults.items() if k.isupper()}, **overrides}) == []
+
+
+def test_job_yaml_is_rendered_from_the_project_template():
+    new_project = load_script("new_project")
+    assert (REPO / "job.yaml").read_text() == new_project.render_job(*new_project.KIT_JOB), \
+        "job.yaml drifted from templates/project/job.yaml.jinja: run python scripts/new_project.py kit-job"

@@ -3,7 +3,7 @@ import ast
 import nbformat
 import pytest
 
-from helpers import params
+from helpers import params, presets
 
 
 def notebook_defaults(repo, name):
@@ -14,10 +14,16 @@ def notebook_defaults(repo, name):
     return cell, {k: v for k, v in namespace.items() if k.isupper()}
 
 
-def test_text_defaults_are_valid(repo):
+PROBLEMS = {"text_classification": params.text_problems, "vlm_captioning": params.caption_problems}
+
+
+def test_text_defaults_are_valid_and_come_from_the_cpu_preset_without_a_gpu(repo):
     _, defaults = notebook_defaults(repo, "text_classification")
     assert params.text_problems(defaults) == []
-    assert defaults["MODEL_SOURCE"] == "offline" and defaults["ACCELERATOR_TYPE"] is None
+    assert defaults["PRESET"] == "auto" and defaults["MODEL_SOURCE"] is None and defaults["BATCH_SIZE"] is None
+    config = presets.from_parameters("text", defaults, has_gpu=False)
+    assert config.name == "text-cpu-offline" and config.model_source == "offline" and config.accelerator_type is None
+    assert presets.from_parameters("text", defaults, has_gpu=True).name == "text-llama8b-l4"
 
 
 def test_parameters_are_literals_with_a_comment_each(repo):
@@ -32,28 +38,39 @@ def test_parameters_are_literals_with_a_comment_each(repo):
             ast.literal_eval(value)
 
 
-@pytest.mark.parametrize("name, value, message", [
-    ("LIMIT", 0, "LIMIT must be a positive integer"),
-    ("NUM_BLOCKS", -1, "NUM_BLOCKS must be a positive integer"),
-    ("BATCH_SIZE", "64", "BATCH_SIZE must be a positive integer"),
-    ("CONCURRENCY", (4, 2), "CONCURRENCY must be"),
-    ("CONCURRENCY", True, "CONCURRENCY must be"),
-    ("LABELS", ["Only one"], "LABELS must be a list of at least two"),
-    ("LABELS", ["A", "B", "A"], "LABELS has duplicates: ['A']"),
-    ("USER_TEMPLATE", "Company: {name}", "USER_TEMPLATE must contain '{text}'"),
-    ("TEMPERATURE", 3, "TEMPERATURE must be between 0 and 2"),
-    ("MODEL_SOURCE", "", "MODEL_SOURCE must be"),
-    ("ACCELERATOR_TYPE", "", "ACCELERATOR_TYPE must be None"),
-    ("ID_COLUMN", 3, "ID_COLUMN must name a column or be None"),
-    ("OUTPUT_DIR", "", "OUTPUT_DIR must be a folder path"),
-    ("KV_CACHE_GIB", 0, "KV_CACHE_GIB must be a positive number"),
-    ("CPU_STAGE_CPUS", 0, "CPU_STAGE_CPUS must be in (0, 8]"),
-    ("RESUME", "yes", "RESUME must be True or False"),
-    ("STARTUP_TIMEOUT_S", 0, "STARTUP_TIMEOUT_S must be a whole number of seconds"),
+@pytest.mark.parametrize("notebook, name, value, message", [
+    ("text_classification", "LIMIT", 0, "LIMIT must be a positive integer"),
+    ("text_classification", "NUM_BLOCKS", -1, "NUM_BLOCKS must be a positive integer"),
+    ("text_classification", "BATCH_SIZE", "64", "BATCH_SIZE must be a positive integer"),
+    ("text_classification", "CONCURRENCY", (4, 2), "CONCURRENCY must be"),
+    ("text_classification", "CONCURRENCY", True, "CONCURRENCY must be"),
+    ("text_classification", "PRESET", "text-llama8b-l5", "PRESET must be one of ['auto', 'text-cpu-offline'"),
+    ("text_classification", "PRESET", "vision-qwen3b-l4", "PRESET must be one of"),  # the other notebook's
+    ("text_classification", "ENFORCE_EAGER", "yes", "ENFORCE_EAGER must be True, False or None"),
+    ("text_classification", "LABELS", ["Only one"], "LABELS must be a list of at least two"),
+    ("text_classification", "LABELS", ["A", "B", "A"], "LABELS has duplicates: ['A']"),
+    ("text_classification", "USER_TEMPLATE", "Company: {name}", "USER_TEMPLATE must contain '{text}'"),
+    ("text_classification", "TEMPERATURE", 3, "TEMPERATURE must be between 0 and 2"),
+    ("text_classification", "MODEL_SOURCE", "", "MODEL_SOURCE must be"),
+    ("text_classification", "ACCELERATOR_TYPE", "", "ACCELERATOR_TYPE must be a GPU type"),
+    ("text_classification", "ID_COLUMN", 3, "ID_COLUMN must name a column or be None"),
+    ("text_classification", "OUTPUT_DIR", "", "OUTPUT_DIR must be a folder path"),
+    ("text_classification", "KV_CACHE_GIB", 0, "KV_CACHE_GIB must be a positive number"),
+    ("text_classification", "CPU_STAGE_CPUS", 0, "CPU_STAGE_CPUS must be in (0, 8]"),
+    ("text_classification", "RESUME", "yes", "RESUME must be True or False"),
+    ("text_classification", "STARTUP_TIMEOUT_S", 0, "STARTUP_TIMEOUT_S must be a whole number of seconds"),
+    ("vlm_captioning", "INPUT_FORMAT", "zip", "INPUT_FORMAT must be auto, webdataset, parquet or images"),
+    ("vlm_captioning", "IMAGE_TOKENS", 0, "IMAGE_TOKENS must be a positive integer"),
+    ("vlm_captioning", "IMAGE_TOKENS", 100_000, "more than any image needs"),
+    ("vlm_captioning", "MAX_PIXELS", None, "MAX_PIXELS must be a positive integer"),
+    ("vlm_captioning", "PROMPT", " ", "PROMPT must be a non-empty string"),
+    ("vlm_captioning", "KEEP_ASPECT", "yes", "KEEP_ASPECT must be True or False"),
+    ("vlm_captioning", "BATCH_SIZE", 0, "BATCH_SIZE must be a positive integer"),
+    ("vlm_captioning", "PRESET", "text-cpu-offline", "PRESET must be one of ['auto', 'vision-cpu-offline'"),
 ])
-def test_each_bad_parameter_is_named(repo, name, value, message):
-    _, defaults = notebook_defaults(repo, "text_classification")
-    problems = params.text_problems({**defaults, name: value})
+def test_each_bad_parameter_is_named(repo, notebook, name, value, message):
+    _, defaults = notebook_defaults(repo, notebook)
+    problems = PROBLEMS[notebook]({**defaults, name: value})
     assert any(message in p for p in problems), problems
     with pytest.raises(params.ParameterError, match="Invalid parameters"):
         params.validate(problems)
@@ -73,19 +90,6 @@ def test_concurrency_pair_is_accepted(repo):
 def test_caption_defaults_are_valid(repo):
     _, defaults = notebook_defaults(repo, "vlm_captioning")
     assert params.caption_problems(defaults) == []
-    assert defaults["MODEL_SOURCE"] == "offline" and defaults["MAX_PIXELS"] > 0
+    assert presets.from_parameters("vision", defaults, has_gpu=False).model_source == "offline"
+    assert defaults["MAX_PIXELS"] > 0
 
-
-@pytest.mark.parametrize("name, value, message", [
-    ("INPUT_FORMAT", "zip", "INPUT_FORMAT must be auto, webdataset, parquet or images"),
-    ("IMAGE_TOKENS", 0, "IMAGE_TOKENS must be a positive integer"),
-    ("IMAGE_TOKENS", 100_000, "more than any image needs"),
-    ("MAX_PIXELS", None, "MAX_PIXELS must be a positive integer"),
-    ("PROMPT", " ", "PROMPT must be a non-empty string"),
-    ("KEEP_ASPECT", "yes", "KEEP_ASPECT must be True or False"),
-    ("BATCH_SIZE", 0, "BATCH_SIZE must be a positive integer"),
-])
-def test_each_bad_caption_parameter_is_named(repo, name, value, message):
-    _, defaults = notebook_defaults(repo, "vlm_captioning")
-    problems = params.caption_problems({**defaults, name: value})
-    assert any(message in p for p in problems), problems

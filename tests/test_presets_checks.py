@@ -36,6 +36,37 @@ def test_auto_picks_cpu_without_gpu_and_gpu_preset_with_one():
         presets.select("vision-qwen3b-l4", "text")
 
 
+def test_notebook_parameters_left_at_none_come_from_the_preset_and_given_ones_win():
+    parameters = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto", "BATCH_SIZE": 32,
+                                                                      "CONCURRENCY": [2, 4]}
+    config = presets.from_parameters("text", parameters, has_gpu=True)
+    assert config.name == "text-llama8b-l4" and config.model_source == "unsloth/Llama-3.1-8B-Instruct"
+    assert config.batch_size == 32 and config.concurrency == (2, 4) and config.num_blocks == 128
+    sources = {row["parameter"]: row["from"] for row in presets.describe(config, parameters)}
+    assert sources["BATCH_SIZE"] == "your parameter" and sources["NUM_BLOCKS"] == "preset text-llama8b-l4"
+    assert sources["max_num_seqs"] == "preset text-llama8b-l4"
+    # A parameter the notebook doesn't have (the captioning notebook computes MAX_MODEL_LEN) is not listed.
+    vision = {k: v for k, v in parameters.items() if k != "MAX_MODEL_LEN"} | {"PRESET": "vision-cpu-offline"}
+    assert "MAX_MODEL_LEN" not in {r["parameter"] for r in presets.describe(presets.from_parameters("vision", vision), vision)}
+
+
+def test_preset_names_and_overview_cover_each_task():
+    assert presets.names("vision")[0] == "auto" and "vision-qwen3b-l4" in presets.names("vision")
+    assert "text-cpu-offline" not in presets.names("vision")
+    rows = {r["preset"]: r for r in presets.overview("text")}
+    assert rows["text-llama70b-h100-tp4"]["GPUs per replica"] == 4 and rows["text-cpu-offline"]["GPU"] == "CPU"
+    assert rows["text-llama8b-l4-scaled"]["rows"] == "1,000,000" and rows["text-llama8b-a100"]["rows"] == "all"
+
+
+def test_model_shape_from_a_folder_a_known_id_or_none(smollm2_path, monkeypatch):
+    shape = checks.model_shape(str(smollm2_path))
+    assert (shape.layers, shape.kv_heads, shape.head_dim) == (30, 3, 64)
+    assert 1.2e8 < shape.parameters < 1.5e8  # SmolLM2-135M
+    assert checks.model_shape("unsloth/Llama-3.1-8B-Instruct") is checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert checks.model_shape("someone/unknown-model") is None
+
+
 def test_every_preset_passes_its_own_checks():
     for preset in PRESETS.values():
         warnings = checks.enforce(checks.check_preset(preset))  # no errors
@@ -47,7 +78,7 @@ def test_every_preset_passes_its_own_checks():
 def test_batching_rule_with_numbers():
     assert checks.batching(128, 4, 256) == []
     [finding] = checks.batching(64, 2, 256)
-    assert finding.level == "error" and "64 x 2 = 128 < max_num_seqs = 256" in finding.message
+    assert finding.level == "warning" and "64 x 2 = 128 < max_num_seqs = 256" in finding.message
 
 
 def test_memory_estimate_errors_when_weights_do_not_fit_and_warns_on_kv():
