@@ -1,0 +1,99 @@
+"""Project templates: one command makes a self-contained project that runs and tests on its own."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, load_script
+
+
+@pytest.fixture(scope="module")
+def new_project():
+    return load_script("new_project")
+
+
+def test_import_closure_follows_imports_of_imports(new_project, tmp_path):
+    package = tmp_path / "helpers"
+    package.mkdir()
+    (package / "a.py").write_text("from helpers import b\nimport os\n")
+    (package / "b.py").write_text("from helpers.c import thing\n")
+    (package / "c.py").write_text("import helpers.d\n")
+    (package / "d.py").write_text("")
+    (package / "unused.py").write_text("")
+    assert new_project.module_closure({"a"}, package) == ["a", "b", "c", "d"]
+    (package / "d.py").write_text("from helpers import missing\n")
+    with pytest.raises(FileNotFoundError, match="helpers.missing is imported"):
+        new_project.module_closure({"a"}, package)
+
+
+def test_each_use_case_takes_only_the_helpers_it_imports(new_project):
+    text = new_project.module_closure(new_project.helper_imports(
+        new_project.notebook_code(REPO / "notebooks" / "text_classification.ipynb")))
+    vision = new_project.module_closure(new_project.helper_imports(
+        new_project.notebook_code(REPO / "notebooks" / "vlm_captioning.ipynb")))
+    assert {"classify", "presets", "checks", "outputs", "checkpointing"} <= set(text)
+    assert not {"caption", "images", "image_data"} & set(text)
+    assert {"caption", "images", "image_data", "presets"} <= set(vision) and "classify" not in vision
+
+
+def test_bad_requests_fail_clearly(new_project, tmp_path):
+    with pytest.raises(ValueError, match="job name must be"):
+        new_project.create("text_classification", tmp_path / "p", "My Job!")
+    with pytest.raises(ValueError, match="use case must be one of"):
+        new_project.create("summarisation", tmp_path / "p", "my-job")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        new_project.create("text_classification", tmp_path / "busy", "my-job")
+    assert new_project.main(["text_classification", str(tmp_path / "busy")]) == 2
+
+
+@pytest.mark.parametrize("use_case", ["text_classification", "vlm_captioning"])
+def test_generated_project_is_complete_and_refers_to_nothing_outside(new_project, tmp_path, use_case):
+    project = new_project.create(use_case, tmp_path / "proj", "acme-batch")
+    assert (project / "notebooks" / f"{use_case}.ipynb").read_bytes() == \
+        (REPO / "notebooks" / f"{use_case}.ipynb").read_bytes()
+    for rel in ["Makefile", "requirements.txt", "requirements-cpu.txt", "README.md", "job.yaml", "pyproject.toml",
+                ".gitignore", "scripts/run_notebooks.py", "helpers/__init__.py", "tests/conftest.py",
+                "tests/test_project.py"]:
+        assert (project / rel).is_file(), rel
+    job = yaml.safe_load((project / "job.yaml").read_text())
+    assert job["name"] == "acme-batch" and f"--only {use_case}" in job["entrypoint"]
+    for file in project.rglob("*"):
+        if file.is_file() and file.suffix in {".py", ".md", ".yaml", ".toml", ".txt", ".ipynb"}:
+            assert str(REPO) not in file.read_text(), f"{file} refers to the kit's folder"
+    # Every helpers module the project's code imports is in the project.
+    shipped = {p.stem for p in (project / "helpers").glob("*.py")} - {"__init__"}
+    for file in [*(project / "helpers").glob("*.py"), *(project / "tests").glob("*.py")]:
+        assert new_project.helper_imports(file.read_text()) <= shipped, file
+    assert "`helpers/presets.py`" in (project / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_text_project_runs_its_own_tests_and_notebook_offline(new_project, tmp_path):
+    """The generated project's full suite: the kit's unit tests for its helpers, its notebook under
+    nbval, its job command (papermill) and its job.yaml, with the project's helpers first on the path."""
+    project = new_project.create("text_classification", tmp_path / "ticket-router", "ticket-router")
+    env = {**os.environ, "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env,
+                            capture_output=True, text=True, timeout=1800)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    summary_line = result.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary_line)
+    assert passed and int(passed.group(1)) >= 20, summary_line
+    assert not re.search(r"failed|error|skipped|deselected", summary_line), summary_line
+
+
+def test_vision_project_fast_tests_pass_on_their_own(new_project, tmp_path):
+    project = new_project.create("vlm_captioning", tmp_path / "captions", "captions")
+    env = {**os.environ, "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", "-m", "not slow"],
+                            cwd=project, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "test_project.py" in " ".join(os.listdir(project / "tests"))
