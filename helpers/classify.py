@@ -32,6 +32,47 @@ def build_messages(text: str, labels: Sequence[str], task: str, user_template: s
     ]
 
 
+#: Stands in for the row's text while the chat template is rendered once (a private-use character).
+_MARKER = "\ue000text\ue000"
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """The chat-templated prompt, split around the row's text: ``prefix + text + suffix``.
+
+    Every row shares the system message and the label list; only the text differs. Rendering the
+    model's chat template once and concatenating per row gives the same prompt as applying the
+    template to each row, without a chat-template stage in the pipeline.
+    """
+
+    prefix: str
+    suffix: str
+
+    def render(self, text: str) -> str:
+        return self.prefix + text + self.suffix
+
+
+def prompt_template(tokenizer: Any, labels: Sequence[str], task: str, user_template: str,
+                    check_texts: Sequence[str]) -> PromptTemplate | None:
+    """Render the chat template once around a marker, then check it against the real template on
+    ``check_texts``. ``None`` when the template does not pass the text through unchanged (it trims,
+    escapes or repeats it): then apply the template per row instead."""
+
+    def templated(text: str) -> str:
+        return tokenizer.apply_chat_template(build_messages(text, labels, task, user_template),
+                                             tokenize=False, add_generation_prompt=True)
+
+    rendered = templated(_MARKER)
+    if rendered.count(_MARKER) != 1:
+        return None
+    prefix, suffix = rendered.split(_MARKER)
+    template = PromptTemplate(prefix, suffix)
+    checks = [str(t) for t in check_texts] or ["Walmart"]
+    if any(template.render(t) != templated(t) for t in checks):
+        return None
+    return template
+
+
 @dataclass(frozen=True)
 class LabelBudget:
     """How many tokens an answer can take for one model.
@@ -64,14 +105,23 @@ def label_token_budget(tokenizer: Tokenizer, labels: Sequence[str]) -> LabelBudg
 
 
 def make_preprocess(*, text_column: str, labels: Sequence[str], task: str, user_template: str,
-                    max_tokens: int, temperature: float):
-    """Return the processor's ``preprocess``: row -> row + messages + sampling_params."""
+                    max_tokens: int, temperature: float, template: PromptTemplate | None = None):
+    """Return the processor's ``preprocess``: row -> row + the request + sampling_params.
+
+    With ``template`` the request is the finished ``prompt`` (no chat-template stage needed);
+    without, it is chat ``messages`` for the processor's chat-template stage.
+    """
     labels = list(labels)
+
+    def request(text: str) -> dict[str, Any]:
+        if template is not None:
+            return {"prompt": template.render(text)}
+        return {"messages": build_messages(text, labels, task, user_template)}
 
     def preprocess(row: dict[str, Any]) -> dict[str, Any]:
         return {
             **row,
-            "messages": build_messages(str(row[text_column]), labels, task, user_template),
+            **request(str(row[text_column])),
             "sampling_params": {
                 "temperature": temperature,
                 "max_tokens": max_tokens,

@@ -1,5 +1,7 @@
 """Benchmarks stay runnable: a tiny run of each, with no timing assertions."""
 
+import pytest
+
 from conftest import load_script
 
 
@@ -18,3 +20,31 @@ def test_benchmark_corpus_spans_sizes_and_formats():
     assert megapixels[0] < 0.5 and megapixels[-1] >= 12
     assert {f for f, _, _ in items} == {"JPEG", "PNG", "WEBP"}
     assert bench.seed_approach(items[0][2]).size == (225, 225)
+
+
+def test_pipeline_benchmark_pieces():
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    assert bench.compare({"a": "X", "b": "Y", "c": "Z"}, {"a": "X", "b": "W"}) == (2, [("b", "Y", "W")])
+    table = bench.ratio_table(bench.Timing(100, 80, 60), bench.Timing(90, 70, 40), bench.Timing(50, 40, 30))
+    assert "2.00x" in table and "1.75x" in table  # whole run 100/50; tuned pipeline 70/40
+
+
+def test_pipeline_benchmark_inputs_are_distinct_and_well_formed(tmp_path):
+    import pandas as pd
+
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    frame = pd.read_csv(bench.text_input(700, tmp_path))
+    assert len(frame) == 700 and frame["Company"].is_unique and frame["Customer Id"].is_unique
+    assert frame["Company"].str.len().max() <= 120
+    images = sorted(bench.image_input(5, tmp_path).iterdir())
+    assert len(images) == 5 and all(p.suffix == ".jpg" for p in images)
+
+
+@pytest.mark.slow
+def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    status = bench.main(["--rows", "6", "--images", "3", "--workdir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "== text classification, 6 prompts" in out and "== image captioning, 3 images" in out
+    assert out.count("engine start excluded") == 2
+    assert status == 0, out  # the kit's outputs equal raw vLLM's, row by row

@@ -52,3 +52,51 @@ def test_postprocess_and_error_alignment_share_one_schema():
     assert ok_aligned[classify.PREDICTION] == "Retail"
     assert set(ok_aligned) == set(failed)
     assert failed["error"].startswith("VLLMValidationError") and failed[classify.PREDICTION] == ""
+
+
+TRICKY = ["Walmart", "  spaced  ", "Ünïcödé GmbH", "A & B <Ltd>", "{braces}", "line\nbreak", "quote's \"co\""]
+
+
+def test_prompt_template_matches_the_models_chat_template(smollm2_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path)
+    labels, task, user = list(classify.DEFAULT_LABELS), "Classify.", "Company: {text}"
+    template = classify.prompt_template(tok, labels, task, user, check_texts=TRICKY)
+    assert template is not None
+    for text in TRICKY:
+        expected = tok.apply_chat_template(classify.build_messages(text, labels, task, user), tokenize=False,
+                                           add_generation_prompt=True)
+        assert template.render(text) == expected
+
+
+class Templating:
+    """A tokenizer whose chat template does something to the user's text."""
+
+    def __init__(self, change):
+        self.change = change
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "".join(f"<{m['role']}>{self.change(m['content']) if m['role'] == 'user' else m['content']}"
+                       for m in messages) + "<assistant>"
+
+
+def test_prompt_template_refuses_templates_that_change_the_text():
+    args = (["A", "B"], "Classify.", "Company: {text}")
+    assert classify.prompt_template(Templating(lambda c: c), *args, check_texts=TRICKY) is not None
+    assert classify.prompt_template(Templating(str.strip), *args, check_texts=["  spaced  "]) is None
+    assert classify.prompt_template(Templating(lambda c: c + c), *args, check_texts=["x"]) is None
+    assert classify.prompt_template(Templating(lambda c: c.replace("&", "&amp;")), *args,
+                                    check_texts=["A & B"]) is None
+    # Repeating the text in USER_TEMPLATE puts the marker in twice: no template.
+    assert classify.prompt_template(Templating(lambda c: c), ["A", "B"], "Classify.", "{text} / {text}",
+                                    check_texts=["x"]) is None
+
+
+def test_preprocess_with_a_template_sends_the_finished_prompt():
+    template = classify.PromptTemplate("<sys>Answer A or B<user>Company: ", "<assistant>")
+    pre = classify.make_preprocess(text_column="Company", labels=["A", "B"], task="Classify.",
+                                   user_template="Company: {text}", max_tokens=5, temperature=0.0, template=template)
+    row = pre({"Company": "Acme"})
+    assert row["prompt"] == "<sys>Answer A or B<user>Company: Acme<assistant>" and "messages" not in row
+    assert row["sampling_params"]["structured_outputs"] == {"choice": ["A", "B"]}

@@ -29,6 +29,21 @@ def test_engine_env(monkeypatch):
     assert "VLLM_CPU_KVCACHE_SPACE" not in engine.engine_env(None)
 
 
+def test_a_lone_local_cpu_engine_computes_on_every_core(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1, 3}, raising=False)
+    assert engine.cpu_threads_bind(None, 1) == "0,1,3"
+    assert engine.engine_env(1, threads_bind="0,1,3")["VLLM_CPU_OMP_THREADS_BIND"] == "0,1,3"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine.engine_env(1)
+    assert engine.cpu_threads_bind("L4", 1) is None  # a GPU engine: vLLM's choice
+    assert engine.cpu_threads_bind(None, 2) is None  # two replicas would fight over the same cores
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert engine.cpu_threads_bind(None, 1) is None  # one core: nothing to gain
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert engine.cpu_threads_bind(None, 1) is None  # the workers' cores are not this machine's
+
+
 @pytest.mark.parametrize("value, arg, most", [(3, 3, 3), ([1, 4], (1, 4), 4), ((2, 2), (2, 2), 2)])
 def test_concurrency(value, arg, most):
     assert engine.concurrency_arg(value) == arg

@@ -1,0 +1,303 @@
+"""The kit's pipelines vs raw vLLM, side by side in one run: what Ray Data LLM costs (or buys) here.
+
+For each task it runs, on the same inputs, model, engine arguments and sampling settings:
+
+- **raw**: a hand-written script in a fresh process: import vLLM, build one ``vllm.LLM``, call
+  ``LLM.chat`` once over every prompt (for captions, each image is first prepared with the kit's
+  ``prepare_image``, one by one, as a plain script would). It runs twice: with vLLM's defaults, and
+  with the CPU settings the kit applies (``VLLM_CPU_OMP_THREADS_BIND`` over all cores), so you can
+  tell what the kit's pipeline buys from what its settings buy.
+- **kit**: the kit's own notebook, executed with papermill (the code users run, not a copy), on the
+  same rows written as an input file.
+
+Three times per side, each a ratio raw / kit (above 1: the kit is faster):
+
+- *whole run*: from process start to results. Raw: the script's process. Kit: the notebook, with
+  kernel start, Ray start, the checks, the reports and charts.
+- *pipeline, engine start in*: raw: import vLLM + engine start + ``chat``. Kit: the notebook's
+  pipeline cell (planning, engine start, every stage, writing the results; ``summary.json``).
+- *engine start excluded*: raw: ``chat`` alone. Kit: the pipeline minus a second run of the
+  notebook on a single row, which pays the same fixed costs and almost no inference.
+
+Outputs are compared row by row (temperature 0 on both sides). Run
+``python benchmarks/bench_pipeline.py`` (``--rows``, ``--images``, ``--task``; ``-p NAME VALUE``
+passes a notebook parameter, e.g. ``-p BATCH_SIZE 128``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+# A compact label set (the notebook's default) and the notebook's default instructions: the raw
+# loop must send exactly what the notebook sends.
+TEXT_DEFAULTS = {"TASK": "Classify the industry of the company the user names.",
+                 "USER_TEMPLATE": "Company: {text}", "KV_CACHE_GIB": 1,
+                 "LABELS": ["Law Firm", "Healthcare", "Technology", "Retail", "Consulting", "Manufacturing",
+                            "Finance", "Real Estate", "Other"]}
+CAPTION_DEFAULTS = {"SYSTEM_PROMPT": "You are a helpful assistant that describes images.",
+                    "PROMPT": "Describe this image in one sentence.", "IMAGE_TOKENS": 64, "MAX_TOKENS": 32,
+                    "KV_CACHE_GIB": 1}
+SUFFIXES = ["", " Group", " Holdings", " International", " & Partners", " Labs", " Services", " Co.",
+            " Worldwide", " Systems"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    whole_s: float  # process or notebook start to results
+    pipeline_s: float  # engine start included
+    generate_s: float  # engine start excluded
+
+
+# --- inputs -------------------------------------------------------------------------------------
+
+def text_input(rows: int, folder: Path) -> Path:
+    """``rows`` distinct company names built from the bundled sample (name + suffix + number)."""
+    from helpers.data import sample_customers_path
+
+    sample = pd.read_csv(sample_customers_path()).dropna(subset=["Company"])
+    # Only well-formed names: the sample's deliberately bad rows (empty, 60,000 characters) would
+    # stop the raw loop, which has no per-row error handling; the kit records them as errors.
+    sample = sample[sample["Company"].str.strip().str.len().between(1, 100)].reset_index(drop=True)
+    picked = []
+    for i in range(rows):
+        base = sample.iloc[i % len(sample)]
+        round_ = i // len(sample)
+        suffix = SUFFIXES[round_ % len(SUFFIXES)] + (f" {round_ // len(SUFFIXES) + 1}" if round_ >= len(SUFFIXES) else "")
+        picked.append({"Customer Id": f"bench-{i:06d}", "Company": base["Company"] + suffix, "Industry": base["Industry"]})
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "companies.csv"
+    pd.DataFrame(picked).to_csv(path, index=False)
+    return path
+
+
+def image_input(images: int, folder: Path) -> Path:
+    """``images`` JPEG photos of 0.3 to 3 megapixels (scaled copies of the bundled sample photos)."""
+    import io
+
+    from PIL import Image
+
+    from helpers.image_data import SAMPLE_PHOTOS, sample_files
+
+    photos = [Image.open(io.BytesIO(data)).convert("RGB") for name, data in sample_files().items()
+              if name.split(".")[0] in SAMPLE_PHOTOS]
+    out = folder / "images"
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = [(640, 480), (1024, 768), (1600, 1200), (2048, 1536)]
+    for i in range(images):
+        photo = photos[i % len(photos)].resize(sizes[i % len(sizes)])
+        photo.save(out / f"img-{i:05d}.jpg", quality=90)
+    return out
+
+
+# --- raw vLLM (runs in a child process: vLLM spawns its own workers) ----------------------------
+
+def raw_text(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from helpers import classify
+
+    frame = pd.read_csv(spec["input"])
+    messages = [classify.build_messages(str(name), spec["LABELS"], spec["TASK"], spec["USER_TEMPLATE"])
+                for name in frame["Company"]]
+    llm = LLM(model=spec["model"], **spec["engine_kwargs"])
+    ready = time.perf_counter()
+    sampling = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"],
+                              structured_outputs=StructuredOutputsParams(choice=spec["LABELS"]))
+    outputs = llm.chat(messages, sampling, use_tqdm=False)
+    done = time.perf_counter()
+    answers = dict(zip(frame["Customer Id"], (o.outputs[0].text.strip() for o in outputs)))
+    return {"start_s": ready - started, "generate_s": done - ready, "answers": answers}
+
+
+def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    from vllm import LLM, SamplingParams
+
+    from helpers import caption, images
+
+    files = sorted(Path(spec["input"]).iterdir())
+    llm = LLM(model=spec["model"], **spec["engine_kwargs"], limit_mm_per_prompt={"image": 1})
+    ready = time.perf_counter()
+    # A plain loop prepares the images one by one, then generates.
+    messages = [caption.build_messages(spec["SYSTEM_PROMPT"], spec["PROMPT"],
+                                       images.prepare_image(f.read_bytes(), max_tokens=spec["IMAGE_TOKENS"]).image)
+                for f in files]
+    outputs = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=spec["MAX_TOKENS"]), use_tqdm=False)
+    done = time.perf_counter()
+    # The tiny random model's greedy tokens are mostly special tokens that decode to "", so the
+    # token counts are compared too: they show both sides fed the same image tokens and generated alike.
+    answers = {f.name: [o.outputs[0].text.strip(), len(o.prompt_token_ids), len(o.outputs[0].token_ids)]
+               for f, o in zip(files, outputs)}
+    return {"start_s": ready - started, "generate_s": done - ready, "answers": answers}
+
+
+def run_raw(kind: str, spec: dict[str, Any], workdir: Path, extra_env: dict[str, str] | None = None) -> Timing:
+    """Run the raw script in a fresh process; return its timings (answers in ``.answers``)."""
+    tag = "tuned" if extra_env else "default"
+    spec_file, result_file = workdir / f"raw-{kind}-{tag}-spec.json", workdir / f"raw-{kind}-{tag}-result.json"
+    spec_file.write_text(json.dumps(spec))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(spec["KV_CACHE_GIB"]), "VLLM_LOGGING_LEVEL": "WARNING",
+           "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file), str(result_file)], check=True, env=env)
+    whole = time.perf_counter() - started
+    result = json.loads(result_file.read_text())
+    RAW_ANSWERS[tag] = result["answers"]
+    return Timing(whole, result["start_s"] + result["generate_s"], result["generate_s"])
+
+
+RAW_ANSWERS: dict[str, dict] = {}
+
+
+# --- the kit: its notebook through papermill ----------------------------------------------------
+
+def run_kit(notebook: str, params: dict[str, Any], out: Path) -> tuple[float, float, Path]:
+    """Run the notebook; return (notebook wall time, pipeline time from summary.json, output folder)."""
+    import papermill
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import run_notebooks
+
+    known = papermill.inspect_notebook(str(run_notebooks.NOTEBOOKS[notebook]))
+    started = time.perf_counter()
+    folder = run_notebooks.run(notebook, out, {k: v for k, v in params.items() if k in known})
+    whole = time.perf_counter() - started
+    summary = json.loads((folder / "summary.json").read_text())
+    return whole, float(summary["pipeline seconds"]), folder
+
+
+def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path]:
+    whole, pipeline, folder = run_kit(notebook, params, workdir / "kit")
+    _, fixed, _ = run_kit(notebook, {**params, "LIMIT": 1}, workdir / "kit-one-row")
+    return Timing(whole, pipeline, pipeline - fixed), folder
+
+
+def compare(raw: dict[str, str], kit: dict[str, str]) -> tuple[int, list[tuple[str, str, str]]]:
+    """Rows in both, and the rows whose answers differ (key, raw, kit)."""
+    common = sorted(set(raw) & set(kit))
+    return len(common), [(k, raw[k], kit[k]) for k in common if raw[k] != kit[k]]
+
+
+def ratio_table(raw: Timing, tuned: Timing, kit: Timing) -> str:
+    lines = [f"{'':28}{'raw vLLM':>10}{'raw+CPU':>10}{'kit':>10}{'raw/kit':>10}{'raw+CPU/kit':>13}"]
+    for label, field in (("whole run", "whole_s"), ("pipeline, engine start in", "pipeline_s"),
+                         ("engine start excluded", "generate_s")):
+        a, b, k = getattr(raw, field), getattr(tuned, field), getattr(kit, field)
+        lines.append(f"{label:28}{a:>9.1f}s{b:>9.1f}s{k:>9.1f}s{a / k:>9.2f}x{b / k:>12.2f}x")
+    return "\n".join(lines)
+
+
+def kit_cpu_env() -> dict[str, str]:
+    """The engine settings the kit applies on this machine (one local CPU engine)."""
+    from helpers import engine
+
+    threads = engine.cpu_threads_bind(None, 1)
+    return {"VLLM_CPU_OMP_THREADS_BIND": threads} if threads else {}
+
+
+def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
+    from transformers import AutoTokenizer
+
+    from helpers import classify, models, presets
+
+    params = {**TEXT_DEFAULTS, **{k: v for k, v in overrides.items() if k in TEXT_DEFAULTS}}
+    model = models.prepare_smollm2()
+    max_tokens = classify.label_token_budget(AutoTokenizer.from_pretrained(model), params["LABELS"]).max_tokens
+    csv = text_input(rows, workdir)
+    config = presets.from_parameters("text", {"PRESET": "text-cpu-offline", **overrides})
+    spec = {**params, "input": str(csv), "model": str(model), "max_tokens": max_tokens,
+            "engine_kwargs": config.engine_kwargs()}
+    raw, tuned = run_raw("text", spec, workdir), run_raw("text", spec, workdir, kit_cpu_env())
+    kit, folder = kit_timing("text_classification", {"INPUT_PATH": str(csv), "RESUME": False, "TEMPERATURE": 0.0,
+                                                     "PRESET": config.name, **params, **overrides}, workdir)
+    predictions = pd.read_parquet(folder / "predictions.parquet")
+    kit_answers = dict(zip(predictions["Customer Id"], predictions["predicted_label"]))
+    return report(f"text classification, {rows} prompts (SmolLM2-135M, structured choice)", raw, tuned, kit,
+                  kit_answers, rows)
+
+
+def bench_caption(count: int, workdir: Path, overrides: dict[str, Any]) -> bool:
+    from transformers import AutoTokenizer
+
+    from helpers import caption, models, presets
+
+    params = {**CAPTION_DEFAULTS, **{k: v for k, v in overrides.items() if k in CAPTION_DEFAULTS}}
+    model = models.prepare_tiny_vlm()
+    max_len = caption.max_model_len(AutoTokenizer.from_pretrained(model), params["SYSTEM_PROMPT"], params["PROMPT"],
+                                    params["IMAGE_TOKENS"], params["MAX_TOKENS"])
+    folder_in = image_input(count, workdir)
+    config = presets.from_parameters("vision", {"PRESET": "vision-cpu-offline", **overrides}).override(
+        max_model_len=max_len)
+    spec = {**params, "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}
+    raw, tuned = run_raw("caption", spec, workdir), run_raw("caption", spec, workdir, kit_cpu_env())
+    kit, folder = kit_timing("vlm_captioning", {"INPUT_PATH": str(folder_in), "INPUT_FORMAT": "images", "RESUME": False,
+                                                "TEMPERATURE": 0.0, "PRESET": config.name, **params, **overrides},
+                             workdir)
+    captions = pd.read_parquet(folder / "captions.parquet")
+    kit_answers = {row.source: [row.caption, row.num_input_tokens, row.num_generated_tokens]
+                   for row in captions.itertuples()}
+    return report(f"image captioning, {count} images (tiny random Qwen2-VL, {params['IMAGE_TOKENS']} image tokens)",
+                  raw, tuned, kit, kit_answers, count)
+
+
+def report(title: str, raw: Timing, tuned: Timing, kit: Timing, kit_answers: dict, expected: int) -> bool:
+    print(f"\n== {title}")
+    print(ratio_table(raw, tuned, kit))
+    same = True
+    for tag in ("default", "tuned"):
+        compared, differing = compare(RAW_ANSWERS[tag], kit_answers)
+        ok = compared == expected and not differing
+        same &= ok
+        print(f"outputs, raw ({tag} settings) vs kit: {compared} of {expected} rows compared, {len(differing)} differ"
+              + ("" if ok else f"; first differences: {differing[:3]}"))
+    return same
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", choices=["text", "caption", "all"], default="all")
+    parser.add_argument("--rows", type=int, default=2000, help="prompts for the text benchmark (default 2000)")
+    parser.add_argument("--images", type=int, default=200, help="images for the captioning benchmark (default 200)")
+    parser.add_argument("--workdir", default=None, help="keep inputs and results here (default: a temp folder)")
+    parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="a notebook parameter for the kit's runs (a Python literal, else a string)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO / "scripts"))
+    from run_notebooks import parse_value
+
+    overrides = {name: parse_value(value) for name, value in args.p}
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_image_prep import machine
+
+    print(f"machine: {machine()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
+        workdir = Path(args.workdir or tmp)
+        ok = True
+        if args.task in ("text", "all"):
+            ok &= bench_text(args.rows, workdir / "text", overrides)
+        if args.task in ("caption", "all"):
+            ok &= bench_caption(args.images, workdir / "caption", overrides)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--raw":
+        _, _, kind, spec_path, result_path = sys.argv
+        result = (raw_text if kind == "text" else raw_caption)(json.loads(Path(spec_path).read_text()))
+        Path(result_path).write_text(json.dumps(result))
+        sys.exit(0)
+    sys.exit(main())
