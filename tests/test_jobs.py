@@ -55,3 +55,27 @@ def test_job_yaml_is_rendered_from_the_project_template():
     new_project = load_script("new_project")
     assert (REPO / "job.yaml").read_text() == new_project.render_job(*new_project.KIT_JOB), \
         "job.yaml drifted from templates/project/job.yaml.jinja: run python scripts/new_project.py kit-job"
+
+
+def test_kuberay_rayjob_runs_the_notebook_on_l4_workers():
+    """deploy/rayjob.yaml: a KubeRay RayJob whose entrypoint runs the notebook with a valid preset."""
+    from helpers import presets
+
+    job = yaml.safe_load((REPO / "deploy" / "rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    spec = job["spec"]
+    assert spec["shutdownAfterJobFinishes"] is True and spec["rayClusterSpec"]["rayVersion"] == "2.60.0"
+    args = shlex.split(spec["entrypoint"].split("&&")[-1])
+    assert args[:2] == ["python", "scripts/run_notebooks.py"] and "text_classification" in args
+    overrides = {args[i + 1]: args[i + 2] for i, a in enumerate(args) if a == "-p"}
+    preset = presets.select(overrides["PRESET"], "text")
+    workers = spec["rayClusterSpec"]["workerGroupSpecs"]
+    [gpus] = [w for w in workers if "nvidia.com/gpu" in w["template"]["spec"]["containers"][0]["resources"]["limits"]]
+    assert gpus["maxReplicas"] >= preset.concurrency and gpus["replicas"] == preset.concurrency
+    assert "l4" in str(gpus["template"]["spec"].get("nodeSelector", {})).lower() and preset.accelerator_type == "L4"
+    images = {c["image"] for g in [spec["rayClusterSpec"]["headGroupSpec"], *workers]
+              for c in g["template"]["spec"]["containers"]}
+    assert images == {"rayproject/ray-llm:2.60.0-py311-cu128"}
+    runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
+    assert runtime_env["working_dir"].endswith(".zip")
+    assert "pip install -r requirements-common.txt" in spec["entrypoint"]
