@@ -40,15 +40,9 @@ from typing import Any
 import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
-# A compact label set (the notebook's default) and the notebook's default instructions: the raw
-# loop must send exactly what the notebook sends.
-TEXT_DEFAULTS = {"TASK": "Classify the industry of the company the user names.",
-                 "USER_TEMPLATE": "Company: {text}", "KV_CACHE_GIB": 1,
-                 "LABELS": ["Law Firm", "Healthcare", "Technology", "Retail", "Consulting", "Manufacturing",
-                            "Finance", "Real Estate", "Other"]}
-CAPTION_DEFAULTS = {"SYSTEM_PROMPT": "You are a helpful assistant that describes images.",
-                    "PROMPT": "Describe this image in one sentence.", "IMAGE_TOKENS": 64, "MAX_TOKENS": 32,
-                    "KV_CACHE_GIB": 1}
+sys.path[:0] = [str(REPO / "scripts"), str(Path(__file__).parent)]  # run_notebooks, bench_image_prep
+import run_notebooks  # noqa: E402  (a script beside the kit, not a package)
+
 SUFFIXES = ["", " Group", " Holdings", " International", " & Partners", " Labs", " Services", " Co.",
             " Worldwide", " Systems"]
 
@@ -115,7 +109,7 @@ def raw_text(spec: dict[str, Any]) -> dict[str, Any]:
                 for name in frame["Company"]]
     llm = LLM(model=spec["model"], **spec["engine_kwargs"])
     ready = time.perf_counter()
-    sampling = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"],
+    sampling = SamplingParams(temperature=spec["TEMPERATURE"], max_tokens=spec["max_tokens"],
                               structured_outputs=StructuredOutputsParams(choice=spec["LABELS"]))
     outputs = llm.chat(messages, sampling, use_tqdm=False)
     done = time.perf_counter()
@@ -136,7 +130,8 @@ def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
     messages = [caption.build_messages(spec["SYSTEM_PROMPT"], spec["PROMPT"],
                                        images.prepare_image(f.read_bytes(), max_tokens=spec["IMAGE_TOKENS"]).image)
                 for f in files]
-    outputs = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=spec["MAX_TOKENS"]), use_tqdm=False)
+    outputs = llm.chat(messages, SamplingParams(temperature=spec["TEMPERATURE"], max_tokens=spec["MAX_TOKENS"]),
+                       use_tqdm=False)
     done = time.perf_counter()
     # The tiny random model's greedy tokens are mostly special tokens that decode to "", so the
     # generated-token count is compared too. Prompt lengths are reported, not compared: Ray's
@@ -146,8 +141,9 @@ def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
     return {"start_s": ready - started, "generate_s": done - ready, "answers": answers, "prompt_tokens": prompt_tokens}
 
 
-def run_raw(kind: str, spec: dict[str, Any], workdir: Path, extra_env: dict[str, str] | None = None) -> Timing:
-    """Run the raw script in a fresh process; return its timings (answers in ``.answers``)."""
+def run_raw(kind: str, spec: dict[str, Any], workdir: Path,
+            extra_env: dict[str, str] | None = None) -> tuple[Timing, dict[str, Any]]:
+    """Run the raw script in a fresh process; return its timings and its result (answers, ...)."""
     tag = "tuned" if extra_env else "default"
     spec_file, result_file = workdir / f"raw-{kind}-{tag}-spec.json", workdir / f"raw-{kind}-{tag}-result.json"
     spec_file.write_text(json.dumps(spec))
@@ -157,23 +153,14 @@ def run_raw(kind: str, spec: dict[str, Any], workdir: Path, extra_env: dict[str,
     subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file), str(result_file)], check=True, env=env)
     whole = time.perf_counter() - started
     result = json.loads(result_file.read_text())
-    RAW_ANSWERS[tag] = result["answers"]
-    return Timing(whole, result["start_s"] + result["generate_s"], result["generate_s"])
-
-
-RAW_ANSWERS: dict[str, dict] = {}
+    return Timing(whole, result["start_s"] + result["generate_s"], result["generate_s"]), result
 
 
 # --- the kit: its notebook through papermill ----------------------------------------------------
 
 def run_kit(notebook: str, params: dict[str, Any], out: Path) -> tuple[float, float, Path]:
     """Run the notebook; return (notebook wall time, pipeline time from summary.json, output folder)."""
-    import papermill
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    import run_notebooks
-
-    known = papermill.inspect_notebook(str(run_notebooks.NOTEBOOKS[notebook]))
+    known = run_notebooks.defaults(notebook)
     started = time.perf_counter()
     folder = run_notebooks.run(notebook, out, {k: v for k, v in params.items() if k in known})
     whole = time.perf_counter() - started
@@ -185,6 +172,23 @@ def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Ti
     whole, pipeline, folder = run_kit(notebook, params, workdir / "kit")
     _, fixed, _ = run_kit(notebook, {**params, "LIMIT": 1}, workdir / "kit-one-row")
     return Timing(whole, pipeline, pipeline - fixed), folder
+
+
+@dataclass(frozen=True)
+class Measured:
+    raw: Timing
+    tuned: Timing  # raw with the kit's CPU settings
+    kit: Timing
+    raw_results: dict[str, dict[str, Any]]  # "default" / "tuned" -> the raw script's result
+    kit_folder: Path
+
+
+def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str, Any], workdir: Path) -> Measured:
+    """Raw vLLM with its defaults, raw with the kit's CPU settings, then the kit's notebook."""
+    raw, default_result = run_raw(kind, spec, workdir)
+    tuned, tuned_result = run_raw(kind, spec, workdir, kit_cpu_env())
+    kit, folder = kit_timing(notebook, kit_params, workdir)
+    return Measured(raw, tuned, kit, {"default": default_result, "tuned": tuned_result}, folder)
 
 
 def compare(raw: dict[str, str], kit: dict[str, str]) -> tuple[int, list[tuple[str, str, str]]]:
@@ -210,25 +214,32 @@ def kit_cpu_env() -> dict[str, str]:
     return {"VLLM_CPU_OMP_THREADS_BIND": threads} if threads else {}
 
 
+def run_settings(task: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """What the benchmark passes to the notebook: greedy answers (so outputs can be compared), no
+    resume, the CPU preset, then the user's ``-p`` overrides. Both sides run with the notebook's
+    defaults updated with these."""
+    from helpers import presets
+
+    return {"TEMPERATURE": 0.0, "RESUME": False, "PRESET": presets.CPU_PRESET[task], **overrides}
+
+
 def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
     from transformers import AutoTokenizer
 
     from helpers import classify, models, presets
 
-    params = {**TEXT_DEFAULTS, **{k: v for k, v in overrides.items() if k in TEXT_DEFAULTS}}
+    settings = run_settings("text", overrides)
+    params = {**run_notebooks.defaults("text_classification"), **settings}
     model = models.prepare_smollm2()
     max_tokens = classify.label_token_budget(AutoTokenizer.from_pretrained(model), params["LABELS"]).max_tokens
     csv = text_input(rows, workdir)
-    config = presets.from_parameters("text", {"PRESET": "text-cpu-offline", **overrides})
-    spec = {**params, "input": str(csv), "model": str(model), "max_tokens": max_tokens,
-            "engine_kwargs": config.engine_kwargs()}
-    raw, tuned = run_raw("text", spec, workdir), run_raw("text", spec, workdir, kit_cpu_env())
-    kit, folder = kit_timing("text_classification", {"INPUT_PATH": str(csv), "RESUME": False, "TEMPERATURE": 0.0,
-                                                     "PRESET": config.name, **params, **overrides}, workdir)
-    predictions = pd.read_parquet(folder / "predictions.parquet")
+    config = presets.from_parameters("text", params)
+    spec = {**{k: params[k] for k in ("LABELS", "TASK", "USER_TEMPLATE", "TEMPERATURE", "KV_CACHE_GIB")},
+            "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": config.engine_kwargs()}
+    run = measure("text", "text_classification", spec, {**settings, "INPUT_PATH": str(csv)}, workdir)
+    predictions = pd.read_parquet(run.kit_folder / "predictions.parquet")
     kit_answers = dict(zip(predictions["Customer Id"], predictions["predicted_label"]))
-    return report(f"text classification, {rows} prompts (SmolLM2-135M, structured choice)", raw, tuned, kit,
-                  kit_answers, rows)
+    return report(f"text classification, {rows} prompts (SmolLM2-135M, structured choice)", run, kit_answers, rows)
 
 
 def bench_caption(count: int, workdir: Path, overrides: dict[str, Any]) -> bool:
@@ -236,33 +247,32 @@ def bench_caption(count: int, workdir: Path, overrides: dict[str, Any]) -> bool:
 
     from helpers import caption, models, presets
 
-    params = {**CAPTION_DEFAULTS, **{k: v for k, v in overrides.items() if k in CAPTION_DEFAULTS}}
+    settings = run_settings("vision", overrides)
+    params = {**run_notebooks.defaults("vlm_captioning"), **settings}
     model = models.prepare_tiny_vlm()
     max_len = caption.max_model_len(AutoTokenizer.from_pretrained(model), params["SYSTEM_PROMPT"], params["PROMPT"],
                                     params["IMAGE_TOKENS"], params["MAX_TOKENS"])
     folder_in = image_input(count, workdir)
-    config = presets.from_parameters("vision", {"PRESET": "vision-cpu-offline", **overrides}).override(
-        max_model_len=max_len)
-    spec = {**params, "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}
-    raw, tuned = run_raw("caption", spec, workdir), run_raw("caption", spec, workdir, kit_cpu_env())
-    kit, folder = kit_timing("vlm_captioning", {"INPUT_PATH": str(folder_in), "INPUT_FORMAT": "images", "RESUME": False,
-                                                "TEMPERATURE": 0.0, "PRESET": config.name, **params, **overrides},
-                             workdir)
-    captions = pd.read_parquet(folder / "captions.parquet")
+    config = presets.from_parameters("vision", params).override(max_model_len=max_len)
+    spec = {**{k: params[k] for k in ("SYSTEM_PROMPT", "PROMPT", "IMAGE_TOKENS", "MAX_TOKENS", "TEMPERATURE",
+                                      "KV_CACHE_GIB")},
+            "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}
+    run = measure("caption", "vlm_captioning", spec,
+                  {**settings, "INPUT_PATH": str(folder_in), "INPUT_FORMAT": "images"}, workdir)
+    captions = pd.read_parquet(run.kit_folder / "captions.parquet")
     kit_answers = {row.source: [row.caption, row.num_generated_tokens] for row in captions.itertuples()}
-    raw_prompt = json.loads((workdir / "raw-caption-default-result.json").read_text())["prompt_tokens"]
-    prompts = f"prompt tokens per image: raw {raw_prompt}, kit {sorted(set(captions['num_input_tokens'].tolist()))}"
+    prompts = (f"prompt tokens per image: raw {run.raw_results['default']['prompt_tokens']}, "
+               f"kit {sorted(set(captions['num_input_tokens'].tolist()))}")
     return report(f"image captioning, {count} images (tiny random Qwen2-VL, {params['IMAGE_TOKENS']} image tokens; "
-                  f"{prompts})",
-                  raw, tuned, kit, kit_answers, count)
+                  f"{prompts})", run, kit_answers, count)
 
 
-def report(title: str, raw: Timing, tuned: Timing, kit: Timing, kit_answers: dict, expected: int) -> bool:
+def report(title: str, run: Measured, kit_answers: dict, expected: int) -> bool:
     print(f"\n== {title}")
-    print(ratio_table(raw, tuned, kit))
+    print(ratio_table(run.raw, run.tuned, run.kit))
     same = True
-    for tag in ("default", "tuned"):
-        compared, differing = compare(RAW_ANSWERS[tag], kit_answers)
+    for tag, result in run.raw_results.items():
+        compared, differing = compare(result["answers"], kit_answers)
         ok = compared == expected and not differing
         same &= ok
         print(f"outputs, raw ({tag} settings) vs kit: {compared} of {expected} rows compared, {len(differing)} differ"
@@ -279,12 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a notebook parameter for the kit's runs (a Python literal, else a string)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO / "scripts"))
-    from run_notebooks import parse_value
-
-    overrides = {name: parse_value(value) for name, value in args.p}
-    sys.path.insert(0, str(Path(__file__).parent))
     from bench_image_prep import machine
+
+    overrides = {name: run_notebooks.parse_value(value) for name, value in args.p}
+    known = {name for notebook in run_notebooks.NOTEBOOKS for name in run_notebooks.defaults(notebook)}
+    if unknown := sorted(set(overrides) - known):
+        parser.error(f"no notebook has the parameter(s) {unknown}")
 
     print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:

@@ -52,7 +52,7 @@ def cpu_threads_bind(accelerator_type: str | None, replicas: int) -> str | None:
     ``None`` to leave vLLM's choice.
 
     vLLM's automatic binding keeps one core back for its scheduler process, which on a 2-core
-    machine halves the compute: measured here, 2,000 SmolLM2 prompts took 1.7x as long. Only for a
+    machine halves the compute: measured here, 2,000 SmolLM2 prompts took 1.8x as long. Only for a
     single CPU replica on this machine (a local Ray): replicas on one node would compete for the
     same cores, and on a remote cluster this machine's cores say nothing about the workers'.
     """
@@ -68,8 +68,8 @@ def engine_env(kv_cache_gib: float | None, log_level: str = "WARNING",
 
     ``VLLM_CPU_KVCACHE_SPACE`` caps vLLM's CPU KV cache in GiB (unset, it takes a large share of
     RAM); it is ignored on GPUs. ``threads_bind`` (see :func:`cpu_threads_bind`) sets
-    ``VLLM_CPU_OMP_THREADS_BIND``, the cores a CPU engine computes on. ``HF_HUB_OFFLINE`` is set only when ``HF_HUB_OFFLINE`` is set
-    here, so GPU users can still download models.
+    ``VLLM_CPU_OMP_THREADS_BIND``, the cores a CPU engine computes on. ``HF_HUB_OFFLINE`` is set
+    only when ``HF_HUB_OFFLINE`` is set here, so GPU users can still download models.
     """
     env = {"VLLM_LOGGING_LEVEL": log_level, "TOKENIZERS_PARALLELISM": "false"}
     # A hub token for gated models travels to the workers from this process's environment only:

@@ -30,9 +30,9 @@ def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
     problems = []
     if p["LIMIT"] is not None and not (_is_int(p["LIMIT"]) and p["LIMIT"] >= 1):
         problems.append(f"LIMIT must be a positive integer or None (all rows), got {p['LIMIT']!r}")
-    # None: take the value from PRESET.
     if p["PRESET"] not in presets.names(task):
         problems.append(f"PRESET must be one of {presets.names(task)}, got {p['PRESET']!r}")
+    # The preset-backed parameters: None takes the value from PRESET.
     for name in ("NUM_BLOCKS", "BATCH_SIZE", "MAX_MODEL_LEN", "MAX_CONCURRENT_BATCHES"):
         if p[name] is not None and not (_is_int(p[name]) and p[name] >= 1):
             problems.append(f"{name} must be a positive integer or None (from PRESET), got {p[name]!r}")

@@ -168,10 +168,12 @@ def names(task: str) -> list[str]:
 def from_parameters(task: str, parameters: Mapping[str, Any], *, has_gpu: bool | None = None) -> Preset:
     """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
     parameter that is not ``None`` on top of it, field by field."""
+    from helpers.engine import concurrency_arg
+
     overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
                  if parameters.get(name) is not None}
-    if isinstance(overrides.get("concurrency"), list):
-        overrides["concurrency"] = tuple(overrides["concurrency"])
+    if "concurrency" in overrides:  # papermill and YAML turn a (min, max) pair into a list
+        overrides["concurrency"] = concurrency_arg(overrides["concurrency"])
     return select(parameters["PRESET"], task, has_gpu=has_gpu, **overrides)
 
 

@@ -99,7 +99,7 @@ def render(template: str, context: dict) -> str:
     return env.get_template(template).render(**context)
 
 
-#: The kit's own job.yaml is rendered from the same template (``--kit-job`` rewrites it).
+#: The kit's own job.yaml is rendered from the same template (``new_project.py kit-job`` rewrites it).
 KIT_JOB = ("text_classification", "llm-batch-text-classification")
 
 

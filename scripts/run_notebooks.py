@@ -28,6 +28,21 @@ def parse_value(text: str) -> object:
         return text
 
 
+def defaults(name: str) -> dict[str, object]:
+    """The notebook's parameters and their default values, read from its ``parameters`` cell
+    (one ``NAME = literal  # comment`` per line)."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOKS[name], as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    values = {}
+    for line in cell.source.splitlines():
+        if line.strip():
+            parameter, _, value = line.partition("  # ")[0].partition(" = ")
+            values[parameter.strip()] = ast.literal_eval(value.strip())
+    return values
+
+
 def run(name: str, out_root: Path, overrides: dict[str, object]) -> Path:
     """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder."""
     import nbformat

@@ -40,6 +40,13 @@ def test_pipeline_benchmark_inputs_are_distinct_and_well_formed(tmp_path):
     assert len(images) == 5 and all(p.suffix == ".jpg" for p in images)
 
 
+def test_pipeline_benchmark_refuses_a_parameter_no_notebook_has(capsys):
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    with pytest.raises(SystemExit):
+        bench.main(["--task", "text", "-p", "BATCH_SIZ", "8"])
+    assert "no notebook has the parameter(s) ['BATCH_SIZ']" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
     bench = load_script("bench_pipeline", folder="benchmarks")

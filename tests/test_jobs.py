@@ -41,14 +41,9 @@ def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
     assert overrides["PRESET"] == "text-llama8b-l4" and overrides["LIMIT"] == 10_000
     preset = presets.select(overrides["PRESET"], "text")
     assert (preset.model_source, preset.accelerator_type, preset.concurrency) == ("unsloth/Llama-3.1-8B-Instruct", "L4", 4)
-    import nbformat
-
-    nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    defaults: dict = {}
-    exec(cell.source, defaults)
-    assert set(overrides) <= {k for k in defaults if k.isupper()}, "job.yaml sets a parameter the notebook lacks"
-    assert params.text_problems({**{k: v for k, v in defaults.items() if k.isupper()}, **overrides}) == []
+    defaults = runner.defaults("text_classification")
+    assert set(overrides) <= set(defaults), "job.yaml sets a parameter the notebook lacks"
+    assert params.text_problems({**defaults, **overrides}) == []
 
 
 def test_job_yaml_is_rendered_from_the_project_template():

@@ -57,6 +57,15 @@ def test_run_notebooks_parses_parameter_literals():
     assert runner.parse_value("unsloth/Llama-3.1-8B-Instruct") == "unsloth/Llama-3.1-8B-Instruct"
 
 
+def test_run_notebooks_reads_each_notebooks_defaults():
+    runner = load_script("run_notebooks")
+    text = runner.defaults("text_classification")
+    assert text["PRESET"] == "auto" and text["BATCH_SIZE"] is None and text["LABELS"][0] == "Law Firm"
+    assert text["USER_TEMPLATE"] == "Company: {text}" and text["OUTPUT_DIR"] == "results/text_classification"
+    vision = runner.defaults("vlm_captioning")
+    assert vision["IMAGE_TOKENS"] == 64 and "LABELS" not in vision
+
+
 def test_readme_parameter_tables_match_the_notebooks(repo):
     render = load_script("render_readme")
     text = (repo / "README.md").read_text(encoding="utf-8")
