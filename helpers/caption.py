@@ -74,5 +74,5 @@ def make_postprocess(carry: tuple[str, ...] = CARRIED):
 
 
 def output_defaults() -> dict[str, Any]:
-    """What an engine-error row carries in the output columns ``postprocess`` adds."""
-    return {CAPTION: "", "num_input_tokens": 0, "num_generated_tokens": 0}
+    """What an engine-error row carries in this task's output column (the aligner adds the rest)."""
+    return {CAPTION: ""}

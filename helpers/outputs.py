@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
@@ -182,14 +183,34 @@ def collect_results(out: Path, processed: str, rejected: str, reason_column: str
     return Results(predictions=predictions, errors=errors)
 
 
+#: Columns every result row carries from the engine (what :func:`result_row` adds besides the
+#: task's own outputs), with the values an engine-error row gets.
+ENGINE_COLUMNS: dict[str, Any] = {"num_input_tokens": 0, "num_generated_tokens": 0, "request_digest": ""}
+
+# Fields of vLLM's SamplingParams repr that the engine fills in while it works (which grammar
+# backend it picked), not settings of the request: left out of the digest.
+_ENGINE_FILLED = re.compile(r", _backend(?:_was_auto)?=[^,)]*")
+
+
+def request_digest(prompt_token_ids: Sequence[int] | None, params: str) -> str:
+    """A short hash of exactly what the engine was asked: the prompt's token ids and the sampling
+    parameters (vLLM's ``SamplingParams`` as text). Two rows, or two runs, with the same digest
+    sent the engine the same request; a changed prompt, template or setting changes it."""
+    ids = [int(t) for t in prompt_token_ids] if prompt_token_ids is not None else []
+    payload = json.dumps([ids, _ENGINE_FILLED.sub("", params)])
+    return hashlib.sha1(payload.encode()).hexdigest()[:16]
+
+
 def result_row(row: Mapping[str, Any], keep_columns: Sequence[str], **outputs: Any) -> dict[str, Any]:
     """A successful result row: the kept input columns, the task's outputs, the engine's token
-    counts, and an empty ``error`` (the shape :func:`make_error_row_aligner` gives failed rows)."""
+    counts, the request's digest (:func:`request_digest`) and an empty ``error`` (the shape
+    :func:`make_error_row_aligner` gives failed rows)."""
     return {
         **{c: row.get(c) for c in keep_columns},
         **outputs,
         "num_input_tokens": int(row.get("num_input_tokens") or 0),
         "num_generated_tokens": int(row.get("num_generated_tokens") or 0),
+        "request_digest": request_digest(row.get("prompt_token_ids"), str(row.get("params") or "")),
         "error": "",
     }
 
@@ -199,11 +220,12 @@ def make_error_row_aligner(keep_columns: Sequence[str], output_defaults: Mapping
 
     With ``should_continue_on_error=True``, a row that fails in the engine skips ``postprocess``
     and keeps its raw shape plus ``__inference_error__``. This keeps ``keep_columns``, fills the
-    postprocess outputs with ``output_defaults`` and moves the message to ``error``.
+    task's outputs with ``output_defaults`` (e.g. ``{"caption": ""}``) and the engine's columns
+    with :data:`ENGINE_COLUMNS`, and moves the message to ``error``.
     Successful rows (whose ``postprocess`` sets ``error`` to "") pass through.
     """
     keep = list(keep_columns)
-    defaults = dict(output_defaults)
+    defaults = {**output_defaults, **ENGINE_COLUMNS}
 
     def align(row: dict[str, Any]) -> dict[str, Any]:
         error = row.get("__inference_error__") or ""

@@ -22,9 +22,39 @@ def test_benchmark_corpus_spans_sizes_and_formats():
     assert bench.seed_approach(items[0][2]).size == (225, 225)
 
 
+def _results(answers: dict[str, str], digests: dict[str, str] | None = None) -> dict:
+    return {"answers": answers, "digests": digests or {k: "d-" + k for k in answers}}
+
+
+def test_agreement_passes_a_few_flipped_answers_for_identical_requests():
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    ids = [f"r{i}" for i in range(40)]
+    raw = _results({i: "Retail" for i in ids})
+    flipped = _results({**raw["answers"], "r3": "Other", "r7": "Finance"})
+    checked = bench.agreement(raw, flipped, ids)
+    assert checked.ok and checked.compared == 40 and checked.rate == 38 / 40
+    assert any("not batch-invariant" in line for line in checked.lines())
+
+
+def test_agreement_fails_on_other_requests_missing_rows_or_too_many_flips():
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    ids = [f"r{i}" for i in range(40)]
+    raw = _results({i: "Retail" for i in ids})
+    # One row sent with another prompt or setting: a pipeline bug, even with the same answer.
+    other = _results(raw["answers"], {**raw["digests"], "r5": "changed"})
+    assert not bench.agreement(raw, other, ids).ok
+    assert "FIRST DIFFERENT: ['r5']" in "\n".join(bench.agreement(raw, other, ids).lines())
+    # A row the kit never answered, or one nobody asked for.
+    assert not bench.agreement(raw, _results({k: v for k, v in raw["answers"].items() if k != "r9"}), ids).ok
+    assert not bench.agreement(raw, _results({**raw["answers"], "extra": "Retail"}), ids).ok
+    # Identical requests, but 9 of 40 answers differ: below the threshold.
+    many = _results({**raw["answers"], **{f"r{i}": "Other" for i in range(9)}})
+    assert bench.agreement(raw, many, ids).rate < bench.AGREEMENT_THRESHOLD
+    assert not bench.agreement(raw, many, ids).ok
+
+
 def test_pipeline_benchmark_pieces():
     bench = load_script("bench_pipeline", folder="benchmarks")
-    assert bench.compare({"a": "X", "b": "Y", "c": "Z"}, {"a": "X", "b": "W"}) == (2, [("b", "Y", "W")])
     table = bench.ratio_table(bench.Timing(100, 80, 60), bench.Timing(90, 70, 40), bench.Timing(50, 40, 30))
     assert "2.00x" in table and "1.75x" in table  # whole run 100/50; tuned pipeline 70/40
 
@@ -50,8 +80,13 @@ def test_pipeline_benchmark_refuses_a_parameter_no_notebook_has(capsys):
 @pytest.mark.slow
 def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
     bench = load_script("bench_pipeline", folder="benchmarks")
-    status = bench.main(["--rows", "6", "--images", "3", "--workdir", str(tmp_path)])
+    status = bench.main(["--rows", "40", "--images", "3", "--workdir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "== text classification, 6 prompts" in out and "== image captioning, 3 images" in out
+    assert "== text classification, 40 prompts" in out and "== image captioning, 3 images" in out
     assert out.count("engine start excluded") == 2
-    assert status == 0, out  # the kit's outputs equal raw vLLM's, row by row
+    # Exact on both tasks and both raw runs: the same rows answered, the same requests sent.
+    assert out.count("; the same ids") == 4, out
+    assert out.count("requests identical (prompt tokens + sampling settings): 40 of 40") == 2, out
+    assert out.count("requests identical (prompt tokens + sampling settings): 3 of 3") == 2, out
+    # Answers: a rate with a threshold (batch-dependent numerics may flip a few; see bench.Agreement).
+    assert status == 0, out

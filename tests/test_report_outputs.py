@@ -154,3 +154,26 @@ def test_checkpoint_filter_accepts_pandas_and_arrow_blocks():
         assert kept.column("k").to_pylist() == ["e"]
     finally:
         ray.shutdown()
+
+
+def test_request_digest_changes_with_the_prompt_or_a_setting_and_ignores_engine_filled_fields():
+    import numpy as np
+
+    params = ("SamplingParams(n=1, temperature=0.0, max_tokens=15, structured_outputs=StructuredOutputsParams("
+              "choice=['A', 'B'], _backend=None, _backend_was_auto=False), extra_args=None)")
+    base = outputs.request_digest([1, 2, 3], params)
+    assert outputs.request_digest(np.array([1, 2, 3]), params) == base  # Arrow hands back arrays
+    assert outputs.request_digest([1, 2, 3], params.replace("_backend=None", "_backend='xgrammar'")
+                                  .replace("_backend_was_auto=False", "_backend_was_auto=True")) == base
+    assert outputs.request_digest([1, 2, 4], params) != base
+    assert outputs.request_digest([1, 2, 3], params.replace("max_tokens=15", "max_tokens=16")) != base
+    assert outputs.request_digest([1, 2, 3], params.replace("'B'", "'C'")) != base
+
+
+def test_result_rows_and_engine_error_rows_share_the_engine_columns():
+    row = {"id": 1, "generated_text": "x", "num_input_tokens": 5, "num_generated_tokens": 2,
+           "prompt_token_ids": [7, 8], "params": "SamplingParams(temperature=0.0)"}
+    ok = outputs.result_row(row, ["id"], answer="x")
+    failed = outputs.make_error_row_aligner(["id"], {"answer": ""})({"id": 2, "__inference_error__": "boom"})
+    assert set(ok) == set(failed) == {"id", "answer", *outputs.ENGINE_COLUMNS, "error"}
+    assert ok["request_digest"] == outputs.request_digest([7, 8], row["params"]) and failed["request_digest"] == ""
