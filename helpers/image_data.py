@@ -29,113 +29,175 @@ FORMATS = ("webdataset", "parquet", "images")
 SOURCE = "source"
 IMAGE_BYTES = "image_bytes"
 IMAGE = "image"
+#: Webdataset samples: the shard's file name and the sample's key. Keys repeat across shards (each
+#: shard may start at 000000), so this, not ``__key__``, identifies a sample and keys resuming.
+SAMPLE_ID = "sample_id"
 
 
-def detect_format(path: str) -> str:
-    """Guess the layout from the path: ``.tar`` -> webdataset, ``.parquet`` -> parquet, folders of those too."""
-    p = Path(path)
-    candidates = [p] if not p.is_dir() else sorted(
-        x for x in p.rglob("*") if x.is_file() and not x.name.startswith("."))
-    suffixes = {x.suffix.lower() for x in candidates}
+def detect_format(path: str, fs=None) -> str:
+    """Guess the layout from the file names under ``path`` (listed through the filesystem, so
+    ``s3://`` and other remote folders work): only ``.tar`` -> webdataset, only ``.parquet`` ->
+    parquet, anything else -> images (a folder of image files, or one image)."""
+    from helpers import storage
+
+    names = storage.list_files(path, fs)
+    suffixes = {Path(n.split("?")[0]).suffix.lower() for n in names}
     if suffixes and suffixes <= {".tar"}:
         return "webdataset"
     if suffixes and suffixes <= {".parquet"}:
         return "parquet"
-    if p.is_dir() or not suffixes & {".tar", ".parquet"}:
-        return "images"
-    raise ValueError(f"cannot tell the layout of {path!r}; set INPUT_FORMAT to one of {FORMATS}")
+    if suffixes & {".tar", ".parquet"}:
+        raise ValueError(f"{path!r} mixes .tar or .parquet files with others ({sorted(suffixes)}); "
+                         f"set INPUT_FORMAT to one of {FORMATS}, or point INPUT_PATH at one kind")
+    return "images"
 
 
 def source_id_column(input_format: str, id_column: str | None) -> str | None:
     """The column that identifies a row in the *source* data, as read (what resuming keys on):
-    the sample key in webdatasets, the file path in folders, ``id_column`` in parquet (or None)."""
-    return {"webdataset": "__key__", "images": "path", "parquet": id_column}[input_format]
+    shard + key in webdatasets, the file path in folders, ``id_column`` in parquet (or None)."""
+    return {"webdataset": SAMPLE_ID, "images": "path", "parquet": id_column}[input_format]
+
+
+def _with_sample_id(sample: dict[str, Any]) -> dict[str, Any]:
+    """Webdataset decoder: keep every field's raw bytes (decoding happens in :func:`prepare_batch`,
+    where failures are caught) and add :data:`SAMPLE_ID`."""
+    shard = str(sample.get("__url__") or "").rsplit("/", 1)[-1]
+    return {**sample, SAMPLE_ID: f"{shard}/{sample.get('__key__')}"}
 
 
 def read_images(path: str, input_format: str, *, image_column: str = "jpg", id_column: str | None = None,
-                num_cpus: float = 0.1):
-    """Read any of the three layouts into rows ``{row_id, source, image_bytes}`` plus the source's
-    own id column (see :func:`source_id_column`), kept under its name so results can be matched to
-    the source and interrupted runs resumed."""
+                num_cpus: float = 0.1, filesystem=None, check_rows: int = 20):
+    """Read any of the three layouts into rows ``{row_id, source, image_bytes, reject_reason}`` plus
+    the source's own id column (see :func:`source_id_column`), kept under its name so results can
+    be matched to the source and interrupted runs resumed.
+
+    A row whose image field is missing, null or not bytes is kept, with a ``reject_reason``. A layout
+    that is wrong as a whole (none of the first ``check_rows`` rows has ``image_column``) fails here,
+    naming the fields that are there.
+    """
     import ray
 
     if input_format not in FORMATS:
         raise ValueError(f"INPUT_FORMAT must be one of {FORMATS} or 'auto', got {input_format!r}")
+    common = {"num_cpus": num_cpus, "filesystem": filesystem}
     if input_format == "webdataset":
-        # decoder=None keeps the raw bytes: decoding happens in prepare_batch, where failures are caught.
-        ds = ray.data.read_webdataset(path, decoder=None, include_paths=True, num_cpus=num_cpus)
+        ds = ray.data.read_webdataset(path, decoder=_with_sample_id, include_paths=True, **common)
         fn, kwargs = _from_webdataset, {"image_column": image_column}
     elif input_format == "parquet":
-        ds = ray.data.read_parquet(path, include_paths=True, num_cpus=num_cpus)
+        ds = ray.data.read_parquet(path, include_paths=True, **common)
         fn, kwargs = _from_parquet, {"image_column": image_column, "id_column": id_column}
     else:
-        ds = ray.data.read_binary_files(path, include_paths=True, num_cpus=num_cpus)
+        ds = ray.data.read_binary_files(path, include_paths=True, **common)
         fn, kwargs = _from_files, {}
+    if input_format != "images":
+        check_layout(ds.take(check_rows), image_column, input_format)
     return ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus)
 
 
-def _raw_bytes(value: Any) -> bytes:
+def check_layout(rows: list[dict[str, Any]], image_column: str, input_format: str) -> None:
+    """Fail fast when none of ``rows`` (the first rows read) has a value in ``image_column``."""
+    if not rows or any(_present(r.get(image_column)) for r in rows):
+        return
+    fields = sorted({k for r in rows for k, v in r.items() if _present(v) and not k.startswith("__")} - {"path", SAMPLE_ID})
+    what = "fields" if input_format == "webdataset" else "columns"
+    raise ValueError(f"none of the first {len(rows)} {input_format} rows has a {image_column!r} value; "
+                     f"{what} they have: {fields}. Set IMAGE_COLUMN to the one that holds the image bytes.")
+
+
+def _present(value: Any) -> bool:
+    """False for None, NaN and pandas' NA (what a null becomes in a batch)."""
+    return value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value))
+
+
+def image_value(value: Any, field: str) -> tuple[bytes, str]:
+    """The image bytes in one row's ``field`` and a reason if there are none: ``(bytes, "")`` when
+    usable, ``(b"", reason)`` for a missing value, a null, or a value that is not bytes. Accepts
+    plain bytes and the Hugging Face ``{"bytes": ..., "path": ...}`` struct."""
     if isinstance(value, dict):
         value = value.get("bytes")
-    if value is None or (isinstance(value, float) and np.isnan(value)):
-        return b""
-    return bytes(value)
+    if not _present(value):
+        return b"", f"no {field!r} value in this row"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), ""
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
+        return value.tobytes(), ""
+    return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
+
+
+def _frame(ids: list[str], sources: list[str], values: Any, field: str) -> pd.DataFrame:
+    pairs = [image_value(v, field) for v in values]
+    return pd.DataFrame({ROW_ID: ids, SOURCE: sources, IMAGE_BYTES: [b for b, _ in pairs],
+                         REJECT_REASON: [r for _, r in pairs]})
 
 
 def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
-    if image_column not in batch:
-        columns = [c for c in batch.columns if not c.startswith("__")]
-        raise ValueError(f"the webdataset samples have no {image_column!r} field; fields: {columns}")
-    sources = [f"{Path(str(p)).name}:{k}" for p, k in zip(batch.get("path", [""] * len(batch)), batch["__key__"])]
-    return pd.DataFrame({ROW_ID: sources, SOURCE: sources, "__key__": batch["__key__"].astype(str),
-                         IMAGE_BYTES: [_raw_bytes(v) for v in batch[image_column]]})
+    ids = batch[SAMPLE_ID].astype(str).tolist()
+    values = batch[image_column] if image_column in batch else [None] * len(batch)
+    return _frame(ids, [i.replace("/", ":", 1) for i in ids], values, image_column).assign(**{SAMPLE_ID: ids})
 
 
 def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:
-    if image_column not in batch:
-        raise ValueError(f"the parquet rows have no {image_column!r} column; columns: {list(batch.columns)}")
-    raw = [_raw_bytes(v) for v in batch[image_column]]
+    values = batch[image_column] if image_column in batch else [None] * len(batch)
     if id_column:
         ids = batch[id_column].astype(str).tolist()
     else:  # content hash: stable across runs whatever the order rows arrive in
-        ids = [hashlib.sha1(b).hexdigest()[:16] for b in raw]
-    out = pd.DataFrame({ROW_ID: ids, SOURCE: [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)],
-                        IMAGE_BYTES: raw})
+        ids = _content_ids([image_value(v, image_column)[0] for v in values])
+    sources = [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)]
+    out = _frame(ids, sources, values, image_column)
     if id_column:
         out[id_column] = batch[id_column].to_numpy()
     return out
 
 
+def _content_ids(raw: list[bytes]) -> list[str]:
+    """A hash of each row's bytes; a repeat of the same bytes in the batch gets ``-2``, ``-3``, ...
+    so two rows never share an id (and never merge in the results)."""
+    seen: dict[str, int] = {}
+    ids = []
+    for data in raw:
+        digest = hashlib.sha1(data).hexdigest()[:16]
+        seen[digest] = seen.get(digest, 0) + 1
+        ids.append(digest if seen[digest] == 1 else f"{digest}-{seen[digest]}")
+    return ids
+
+
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     paths = [str(p) for p in batch["path"]]
-    return pd.DataFrame({ROW_ID: paths, SOURCE: [Path(p).name for p in paths], "path": paths,
-                         IMAGE_BYTES: [_raw_bytes(b) for b in batch["bytes"]]})
+    return _frame(paths, [Path(p).name for p in paths], batch["bytes"], "bytes").assign(path=paths)
 
 
 def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = True,
                   max_pixels: int = images.DEFAULT_MAX_PIXELS) -> pd.DataFrame:
     """Validate and resize every image of a batch; a bad one gets a reason instead of an image.
 
+    Rows that arrive with a ``reject_reason`` (the reader found no image bytes) keep it. No
+    exception leaves this function for a single row: Ray fails the whole job on one errored task.
     Output columns: the input's columns except the raw bytes (dropped here), plus image (uint8
     H x W x 3, None when rejected), width, height, vision_tokens and reject_reason ("" when usable).
     """
     out: dict[str, list] = {IMAGE: [], "width": [], "height": [], "vision_tokens": [], REJECT_REASON: []}
-    for raw in batch[IMAGE_BYTES]:
-        try:
-            prepared = images.prepare_image(raw, max_tokens=max_tokens, keep_aspect=keep_aspect, max_pixels=max_pixels)
-        except images.ImageRejected as exc:
+    earlier = batch[REJECT_REASON] if REJECT_REASON in batch else [""] * len(batch)
+    for raw, reason in zip(batch[IMAGE_BYTES], earlier):
+        prepared = None
+        if not reason:
+            try:
+                prepared = images.prepare_image(raw, max_tokens=max_tokens, keep_aspect=keep_aspect,
+                                                max_pixels=max_pixels)
+            except Exception as exc:  # prepare_image raises only ImageRejected; anything else is one row's too
+                reason = images.reason_for(exc)
+        if prepared is None:
             out[IMAGE].append(None)
             out["width"].append(0)
             out["height"].append(0)
             out["vision_tokens"].append(0)
-            out[REJECT_REASON].append(exc.reason)
+            out[REJECT_REASON].append(reason or "not an image")
             continue
         out[IMAGE].append(np.asarray(prepared.image))
         out["width"].append(prepared.image.width)
         out["height"].append(prepared.image.height)
         out["vision_tokens"].append(prepared.vision_tokens)
         out[REJECT_REASON].append("")
-    return batch.drop(columns=[IMAGE_BYTES]).reset_index(drop=True).assign(**out)
+    return batch.drop(columns=[IMAGE_BYTES, REJECT_REASON], errors="ignore").reset_index(drop=True).assign(**out)
 
 
 # --- the bundled sample set -------------------------------------------------------------------
@@ -143,6 +205,17 @@ def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = T
 #: scikit-image's bundled photos used for the sample (all public domain or CC0, see skimage.data).
 SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field",
                  "immunohistochemistry", "page", "coins", "horse", "retina", "moon")
+
+
+def files_array(array: np.ndarray) -> np.ndarray:
+    """A scikit-image sample as 8-bit greyscale or RGB (its samples are bool, float or RGBA too)."""
+    if array.dtype == bool:
+        array = array.astype(np.uint8) * 255
+    if array.dtype != np.uint8:
+        array = (255 * (array - array.min()) / max(1e-9, float(array.max() - array.min()))).astype(np.uint8)
+    if array.ndim == 3 and array.shape[2] == 4:
+        array = array[:, :, :3]
+    return array
 
 
 def _jpeg(array: np.ndarray, **kwargs: Any) -> bytes:
@@ -160,14 +233,7 @@ def sample_files() -> dict[str, bytes]:
 
     files: dict[str, bytes] = {}
     for name in SAMPLE_PHOTOS:
-        array = getattr(skdata, name)()
-        if array.dtype == bool:
-            array = array.astype(np.uint8) * 255
-        if array.dtype != np.uint8:
-            array = (255 * (array - array.min()) / max(1e-9, float(array.max() - array.min()))).astype(np.uint8)
-        if array.ndim == 3 and array.shape[2] == 4:
-            array = array[:, :, :3]
-        files[name] = _jpeg(array)
+        files[name] = _jpeg(files_array(getattr(skdata, name)()))
     chelsea = skdata.chelsea()
     # Awkward but valid: a photo stored sideways with an EXIF orientation tag, a CMYK JPEG,
     # a transparent PNG and a 16-bit greyscale PNG (both under a .jpg name, as scraped data often is).
@@ -188,11 +254,24 @@ def sample_files() -> dict[str, bytes]:
     from importlib import resources
 
     files["animated_gif"] = (resources.files("skimage") / "data" / "no_time_for_that_tiny.gif").read_bytes()
+    # Garbage in the EXIF block of an otherwise good JPEG (found by the fuzz tests): the photo is
+    # used, the unreadable orientation ignored.
+    horse_exif = Image.Exif()
+    horse_exif[0x0112] = 1
+    horse = _jpeg(np.asarray(Image.fromarray(files_array(skdata.horse())).convert("RGB")), exif=horse_exif.tobytes())
+    at = horse.find(b"Exif\x00\x00") + 14
+    files["horse_corrupt_exif"] = horse[:at] + b"\xff\x00\x13\x37" * 4 + horse[at + 16:]
     # Broken on purpose: each must end up in the rejects table with its reason.
     files["broken_truncated"] = files["astronaut"][: len(files["astronaut"]) // 3]
     files["broken_empty"] = b""
     files["broken_not_an_image"] = b"<html><body>404 Not Found</body></html>"
     files["broken_bomb"] = _bomb_png()
+    # Found by the fuzz tests: Pillow reads a PNG's EXIF by loading the image, so a truncated PNG
+    # failed outside the reject path and killed whole runs; a truncated WebP fails in the decoder.
+    files["broken_truncated_png"] = files["rocket_transparent_png"][: len(files["rocket_transparent_png"]) // 2]
+    buffer = io.BytesIO()
+    Image.fromarray(skdata.coffee()).save(buffer, "WEBP", quality=80)
+    files["broken_truncated_webp"] = buffer.getvalue()[: buffer.tell() // 2]
     return files
 
 

@@ -23,8 +23,9 @@ def jpeg(color=(200, 30, 30), size=(120, 80)) -> bytes:
 
 def test_sample_has_real_photos_awkward_variants_and_broken_files(sample):
     broken = sorted(k for k in sample if k.startswith("broken_"))
-    assert broken == ["broken_bomb", "broken_empty", "broken_not_an_image", "broken_truncated"]
-    assert {"astronaut", "coffee", "chelsea", "rocket", "coffee_cmyk", "chelsea_exif_rotated",
+    assert broken == ["broken_bomb", "broken_empty", "broken_not_an_image", "broken_truncated",
+                      "broken_truncated_png", "broken_truncated_webp"]
+    assert {"astronaut", "coffee", "chelsea", "rocket", "coffee_cmyk", "chelsea_exif_rotated", "horse_corrupt_exif",
             "rocket_transparent_png", "camera_16bit_png", "animated_gif"} <= set(sample)
     assert len(sample) >= 20
 
@@ -59,12 +60,42 @@ def test_detect_format(tmp_path):
     (tmp_path / "i").mkdir()
     (tmp_path / "i" / "a.png").write_bytes(b"1")
     assert image_data.detect_format(str(tmp_path / "i")) == "images"
+    assert image_data.detect_format("file://" + str(tmp_path / "p")) == "parquet"
+    (tmp_path / "i" / "b.tar").write_bytes(b"1")
+    with pytest.raises(ValueError, match="mixes .tar or .parquet files with others"):
+        image_data.detect_format(str(tmp_path / "i"))
+    with pytest.raises(FileNotFoundError):
+        image_data.detect_format(str(tmp_path / "nothing-here"))
 
 
-def test_raw_bytes_from_hf_struct_plain_bytes_and_missing():
-    assert image_data._raw_bytes({"bytes": b"ab", "path": None}) == b"ab"
-    assert image_data._raw_bytes(b"cd") == b"cd"
-    assert image_data._raw_bytes(None) == b"" and image_data._raw_bytes({"bytes": None}) == b""
+def test_image_value_from_hf_struct_plain_bytes_missing_and_wrong_types():
+    assert image_data.image_value({"bytes": b"ab", "path": None}, "jpg") == (b"ab", "")
+    assert image_data.image_value(b"cd", "jpg") == (b"cd", "")
+    assert image_data.image_value(np.frombuffer(b"ef", np.uint8), "jpg") == (b"ef", "")
+    for missing in (None, float("nan"), {"bytes": None}):
+        assert image_data.image_value(missing, "jpg") == (b"", "no 'jpg' value in this row")
+    assert image_data.image_value("a path?", "jpg") == (b"", "not image bytes (the 'jpg' value is a str)")
+    assert image_data.image_value([1, 2], "jpg")[1].startswith("not image bytes")
+
+
+def test_content_ids_never_merge_rows_with_the_same_bytes():
+    assert image_data._content_ids([b"a", b"b", b"a", b"a"])[2:] != image_data._content_ids([b"a"]) * 2
+    ids = image_data._content_ids([b"a", b"b", b"a", b"a"])
+    assert len(set(ids)) == 4 and ids[2] == ids[0] + "-2" and ids[3] == ids[0] + "-3"
+    assert image_data._content_ids([b"a"]) == ids[:1]  # the first of its bytes keeps the plain hash
+
+
+def test_prepare_batch_keeps_reasons_the_reader_gave():
+    batch = pd.DataFrame({ROW_ID: ["x"], image_data.IMAGE_BYTES: [jpeg()], REJECT_REASON: ["no 'jpg' value in this row"]})
+    out = image_data.prepare_batch(batch, max_tokens=16)
+    assert out[REJECT_REASON].tolist() == ["no 'jpg' value in this row"] and out[image_data.IMAGE].tolist() == [None]
+
+
+def test_layout_check_fails_fast_naming_what_is_there():
+    rows = [{"__key__": "1", "png": b"x", "txt": b"y", "jpg": None}, {"__key__": "2", "png": b"z"}]
+    with pytest.raises(ValueError, match=r"none of the first 2 webdataset rows has a 'jpg' value; fields they have: \['png', 'txt'\]"):
+        image_data.check_layout(rows, "jpg", "webdataset")
+    image_data.check_layout([*rows, {"jpg": b"1"}], "jpg", "webdataset")  # one sample with it is enough
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +124,35 @@ def test_readers_for_all_three_layouts(local_ray, tmp_path):
         assert len(rows) == 3, fmt
         assert sorted(len(r[image_data.IMAGE_BYTES]) for r in rows) == sorted(len(b) for b in files.values()), fmt
         assert len({r[ROW_ID] for r in rows}) == 3, fmt
-    with pytest.raises(Exception, match="no 'png' column"):
-        image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="png").take_all()
+    with pytest.raises(ValueError, match="none of the first 3 parquet rows has a 'png' value; columns they have"):
+        image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="png")
     with pytest.raises(ValueError, match="INPUT_FORMAT must be one of"):
         image_data.read_images(str(shard), "zip")
+
+
+@pytest.mark.slow
+def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
+    # Two shards whose keys repeat (each starts at 000000), one sample without the image field.
+    image_data.write_webdataset({"000000": jpeg(), "000001": jpeg((0, 90, 0))}, tmp_path / "wds" / "a.tar")
+    with tarfile.open(tmp_path / "wds" / "b.tar", "w") as tar:
+        for name, payload in {"000000.jpg": jpeg((9, 9, 9)), "000001.txt": b"a caption, no image"}.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    rows = image_data.read_images(str(tmp_path / "wds"), "webdataset").take_all()
+    by_id = {r[image_data.SAMPLE_ID]: r for r in rows}
+    assert sorted(by_id) == ["a.tar/000000", "a.tar/000001", "b.tar/000000", "b.tar/000001"]
+    assert len({r[ROW_ID] for r in rows}) == 4
+    assert by_id["b.tar/000001"][REJECT_REASON] == "no 'jpg' value in this row"
+    assert [r[REJECT_REASON] for r in rows].count("") == 3
+    # Parquet: a null and the same bytes twice in the image column; a file whose column holds strings.
+    (tmp_path / "pq").mkdir()
+    pd.DataFrame({"jpg": [jpeg(), None, jpeg()]}).to_parquet(tmp_path / "pq" / "x.parquet")
+    pd.DataFrame({"jpg": ["https://example.com/a.jpg"]}).to_parquet(tmp_path / "pq" / "y.parquet")
+    read = image_data.read_images(str(tmp_path / "pq"), "parquet")
+    rows = read.map_batches(image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
+    assert len(rows) == 4 and len({r[ROW_ID] for r in rows}) == 4
+    reasons = sorted(r[REJECT_REASON] for r in rows)
+    # Ray unifies the two files' schemas (the strings may arrive as bytes): either way, a reason.
+    assert reasons[:2] == ["", ""] and reasons[2:] in (["no 'jpg' value in this row", "not an image"],
+                                                       ["no 'jpg' value in this row", "not image bytes (the 'jpg' value is a str)"])

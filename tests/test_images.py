@@ -140,3 +140,38 @@ def test_unsupported_format_is_refused():
     data = encode(gradient(64, 64), "PPM")
     with pytest.raises(ImageRejected, match="unsupported format PPM"):
         prepare_image(data, max_tokens=64)
+
+
+def test_max_pixels_wins_over_pillows_own_bomb_limit(monkeypatch):
+    # Pillow's default limit (~89 MP) would refuse a big scan that MAX_PIXELS allows; lowered here
+    # so that a small image stands in for the big one.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    prepared = prepare_image(encode(gradient(640, 480), "PNG"), max_tokens=16, max_pixels=1_000_000)
+    assert prepared.source_size == (640, 480)
+    assert Image.MAX_IMAGE_PIXELS == 1000  # Pillow's setting is put back after the image
+
+
+def test_truncated_png_is_a_reject_not_a_crash():
+    # Pillow's PNG getexif() loads the image: a truncated PNG raised OSError outside the reject path.
+    data = encode(gradient(), "PNG")
+    with pytest.raises(ImageRejected, match="truncated"):
+        prepare_image(data[: len(data) // 2], max_tokens=64)
+
+
+@pytest.mark.parametrize("value", ["a string", None, float("nan"), [1, 2], 42, {"bytes": None}])
+def test_values_that_are_not_bytes_are_refused(value):
+    with pytest.raises(ImageRejected, match="not image bytes"):
+        prepare_image(value, max_tokens=64)
+
+
+def test_16_bit_scaling_makes_no_float64_copy(monkeypatch):
+    big = Image.fromarray((np.arange(200 * 300, dtype=np.uint16).reshape(200, 300) * 1).astype(np.uint16))
+    real_asarray = np.asarray
+
+    def guarded(a, dtype=None, **kw):
+        assert dtype is not np.float64, "no float64 copy of a 16-bit image"
+        return real_asarray(a, dtype=dtype, **kw)
+
+    monkeypatch.setattr(images.np, "asarray", guarded)
+    rgb = images.to_rgb(big)
+    assert rgb.mode == "RGB" and real_asarray(rgb)[..., 0].max() == 255 and real_asarray(rgb)[..., 0].min() == 0

@@ -1,0 +1,72 @@
+"""Where input data lives: local paths, ``file://``, ``s3://``, ``gs://`` and ``http(s)://``.
+
+Ray Data reads all of these through pyarrow (or fsspec for HTTP). Two things need help:
+
+- **S3-compatible storage** (MinIO, an on-premises store, a local test server) is reached through an
+  endpoint of its own. pyarrow does not read ``AWS_ENDPOINT_URL`` (boto3 and the AWS CLI do), so
+  :func:`filesystem` builds the S3 filesystem with that endpoint when the variable is set, and the
+  notebooks pass it to every read. Credentials and region come from the usual variables
+  (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``).
+- **Listing** a remote folder, to tell its layout (``.tar`` shards, ``.parquet`` files or images),
+  goes through the same filesystem as the read: :func:`list_files`. A local ``Path`` check would
+  call every remote folder a file.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse
+
+#: Set this to your S3-compatible store's address, e.g. ``http://minio.internal:9000``.
+ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
+
+
+def scheme(path: str) -> str:
+    """``"s3"``, ``"gs"``, ``"http"``, ``"https"``, ``"file"``, or ``""`` for a plain local path."""
+    return urlparse(path).scheme.lower() if "://" in path else ""
+
+
+def is_remote(path: str) -> bool:
+    """True for URLs and cloud URIs (``https://``, ``s3://``, ``gs://`` ...), not ``file://``."""
+    return scheme(path) not in ("", "file")
+
+
+def filesystem(path: str):
+    """The pyarrow filesystem to read ``path`` with, or ``None`` to let Ray choose (the default).
+
+    Only S3 paths with ``AWS_ENDPOINT_URL`` set get one: an S3 filesystem pointed at that endpoint.
+    """
+    endpoint = os.environ.get(ENDPOINT_VARIABLE)
+    if scheme(path) != "s3" or not endpoint:
+        return None
+    from pyarrow import fs
+
+    parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region)
+
+
+def list_files(path: str, fs=None) -> list[str]:
+    """The files under ``path`` (itself, if it is a file), hidden ones left out, sorted.
+
+    Local paths, ``file://`` and cloud URIs are listed through pyarrow, like Ray Data lists them;
+    an ``http(s)://`` URL cannot be listed and is taken as the one file it names.
+    Raises ``FileNotFoundError`` when nothing is there.
+    """
+    if scheme(path) in ("http", "https"):
+        return [path]
+    from pyarrow import fs as pafs
+
+    if fs is None:
+        fs, where = pafs.FileSystem.from_uri(path if scheme(path) else os.path.abspath(path))
+    else:
+        where = path.split("://", 1)[1] if "://" in path else path
+    info = fs.get_file_info(where)
+    if info.type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"nothing at {path!r}")
+    if info.type == pafs.FileType.File:
+        return [path]
+    found = fs.get_file_info(pafs.FileSelector(where, recursive=True))
+    prefix = path.split("://", 1)[0] + "://" if scheme(path) not in ("", "file") else ""
+    return sorted(prefix + f.path for f in found
+                  if f.type == pafs.FileType.File and not f.base_name.startswith((".", "_")))
