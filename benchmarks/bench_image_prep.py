@@ -1,6 +1,6 @@
-"""Image preparation speed: the kit's helpers vs the seed tutorial's approach, per core.
+"""Image preparation speed: the kit's helpers vs Ray's captioning tutorial's approach, per core.
 
-The seed opens each image and resizes it to 225x225 with BICUBIC (``Image.open(...).convert("RGB")
+Ray's captioning tutorial opens each image and resizes it to 225x225 with BICUBIC (``Image.open(...).convert("RGB")
 .resize((225, 225), BICUBIC)``). The kit validates, decodes (JPEG in draft mode when shrinking),
 applies EXIF orientation, converts to RGB and resizes to the model's grid
 (``helpers.images.prepare_image`` with a 64-token budget, about the same pixel count as 225x225).
@@ -48,7 +48,7 @@ def corpus(n: int, seed: int = 0) -> list[tuple[str, tuple[int, int], bytes]]:
     return items
 
 
-def seed_approach(data: bytes) -> Image.Image:
+def tutorial_approach(data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB").resize((225, 225), Image.Resampling.BICUBIC)
 
 
@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
           f"(median {statistics.median(megapixels):.1f}), formats {sorted(set(f for f, _, _ in items))}")
     rows = [("all", [d for _, _, d in items])]
     rows += [(fmt, [d for f, _, d in items if f == fmt]) for fmt in sorted({f for f, _, _ in items})]
-    print(f"{'subset':<8} {'images':>6} {'seed img/s':>11} {'kit img/s':>10} {'kit/seed':>9}")
+    print(f"{'subset':<8} {'images':>6} {'tutorial img/s':>11} {'kit img/s':>10} {'kit/tutorial':>9}")
     for name, subset in rows:
-        seed_rate, kit_rate = rate(seed_approach, subset, args.repeats), rate(kit_approach, subset, args.repeats)
-        print(f"{name:<8} {len(subset):>6} {seed_rate:>11.1f} {kit_rate:>10.1f} {kit_rate / seed_rate:>8.2f}x")
+        tutorial_rate, kit_rate = rate(tutorial_approach, subset, args.repeats), rate(kit_approach, subset, args.repeats)
+        print(f"{name:<8} {len(subset):>6} {tutorial_rate:>11.1f} {kit_rate:>10.1f} {kit_rate / tutorial_rate:>8.2f}x")
     return 0
 
 

@@ -13,7 +13,7 @@ Each module has one job and no side effects at import:
 - ``images``: image validation, normalisation and resizing to a vision model's grid.
 - ``image_data``: image datasets (webdataset, parquet, folders), the sample set, per-batch preparation.
 - ``caption``: captioning prompts, the context budget and post-processing.
-- ``presets``: named run configurations (CPU offline, the seeds' GPU runs, bigger and multi-GPU).
+- ``presets``: named run configurations (CPU offline, the GPU runs of Ray's tutorials, bigger and multi-GPU).
 - ``checks``: the throughput guide's rules as checks with numbers.
 """
 

@@ -18,7 +18,7 @@ CARRIED = (ROW_ID, SOURCE, "width", "height", "vision_tokens")
 def build_messages(system_prompt: str, prompt: str, image: Any) -> list[dict[str, Any]]:
     """A system message and a user message with a text part and an image part.
 
-    ``image_pil`` is vLLM's part type for an in-memory Pillow image (the seed's ``{"type": "image"}``
+    ``image_pil`` is vLLM's part type for an in-memory Pillow image (older examples' ``{"type": "image"}``
     is no longer accepted); a ``{"type": "image_url", "image_url": {"url": "data:..."}}`` part works too.
     """
     return [

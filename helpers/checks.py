@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from helpers.engine import max_replicas
 from helpers.presets import GPUS, Preset
 
 GIB = 1024**3
@@ -147,7 +148,7 @@ def check_preset(preset: Preset, shape: ModelShape | None = None, rows: int | No
     findings = batching(preset.batch_size, preset.max_concurrent_batches, preset.max_num_seqs)
     findings += memory(preset, shape) if shape else []
     findings += interconnect(preset)
-    findings += blocks(preset.num_blocks, preset.concurrency, preset.batch_size,
+    findings += blocks(preset.num_blocks, max_replicas(preset.concurrency), preset.batch_size,
                        rows if rows is not None else preset.limit)
     return findings
 

@@ -20,22 +20,22 @@ def sample_customers_path() -> Path:
     return Path(str(resources.files("helpers") / "sample_data" / "customers.csv"))
 
 
-def is_remote(path: str) -> bool:
-    """True for URLs and cloud URIs (``https://``, ``s3://``, ``gs://`` ...)."""
-    return "://" in path and not path.startswith("file://")
-
-
 def resolve_input_path(path: str | None) -> str:
     """Return what ``ray.data.read_*`` should read.
 
-    ``None`` means the bundled sample; URLs and cloud URIs pass through; local paths become
-    absolute (Ray workers do not share the notebook's working directory) and must exist.
+    ``None`` means the bundled sample; URLs and cloud URIs pass through (see :mod:`helpers.storage`);
+    local paths (and ``file://`` URIs) become absolute (Ray workers do not share the notebook's
+    working directory) and must exist. A relative path is relative to the working directory: where
+    you ran the command (``scripts/run_notebooks.py`` runs notebooks there), or the notebook's
+    folder in Jupyter.
     """
+    from helpers import storage
+
     if path is None:
         return str(sample_customers_path())
-    if is_remote(path):
+    if storage.is_remote(path):
         return path
-    local = Path(path).expanduser().resolve()
+    local = Path(path.removeprefix("file://")).expanduser().resolve()
     if not local.exists():
         raise FileNotFoundError(f"INPUT_PATH={path!r} does not exist (resolved to {local})")
     return str(local)

@@ -1,9 +1,9 @@
-"""Named configurations for the notebooks: the seeds' GPU runs, bigger GPUs, multi-GPU models, and
+"""Named configurations for the notebooks: the GPU runs of Ray's tutorials, bigger GPUs, multi-GPU models, and
 the offline CPU runs. Frozen dataclasses: a preset never changes under you, ``override`` returns a
 new one, and an unknown field is an error that lists the valid ones.
 
-``select("auto", task)`` picks the offline CPU preset when no GPU is visible and the task's default
-GPU preset when one is.
+``select("auto", task, cluster=...)`` fits the task's GPU preset to the GPUs the Ray cluster has
+(or picks the offline CPU preset where there are none); see :func:`select`.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class Preset:
     quantization: str | None = None
     enforce_eager: bool = False
     description: str = ""
+    #: For presets chosen by ``"auto"``: (field, why this value) pairs, shown in the settings table.
+    reasons: tuple[tuple[str, str], ...] = ()
 
     @property
     def gpus_per_replica(self) -> int:
@@ -89,17 +91,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            enforce_eager=True, description="SmolLM2-135M from a PyPI wheel, on the CPU"),
     Preset("vision-cpu-offline", "vision", "offline", None, 1, 8, 192, 4, None, max_num_seqs=32,
            enforce_eager=True, description="a tiny random Qwen2-VL, on the CPU (captions are noise)"),
-    # The seed tutorials, as published. The checks flag what the throughput guide would: on an L4,
+    # Ray's LLM batch-inference tutorials, as published. The checks flag what the throughput guide would: on an L4,
     # not all 256 (or 64) full-length sequences fit the KV cache at once, and the scaled runs' blocks
     # are larger than a batch. Kept as published; override fields to follow the advice.
     Preset("text-llama8b-l4", "text", LLAMA_8B, "L4", 4, 256, 256, 128, 10_000,
-           description="seed text run: 10,000 rows on 4 L4s"),
+           description="Ray's tutorial, text: 10,000 rows on 4 L4s"),
     Preset("text-llama8b-l4-scaled", "text", LLAMA_8B, "L4", 10, 256, 256, 256, 1_000_000,
-           description="seed text scale-up: 1,000,000 rows on 10 L4s"),
+           description="Ray's tutorial, text scale-up: 1,000,000 rows on 10 L4s"),
     Preset("vision-qwen3b-l4", "vision", QWEN_VL_3B, "L4", 4, 16, 8192, 64, 10_000, max_num_seqs=64,
-           description="seed vision run: 10,000 images on 4 L4s"),
+           description="Ray's tutorial, captions: 10,000 images on 4 L4s"),
     Preset("vision-qwen3b-l4-scaled", "vision", QWEN_VL_3B, "L4", 10, 16, 8192, 128, 1_000_000, max_num_seqs=64,
-           description="seed vision scale-up: 1,000,000 images on 10 L4s"),
+           description="Ray's tutorial, captions scale-up: 1,000,000 images on 10 L4s"),
     # Bigger GPUs: more memory for KV cache, so more concurrent sequences per replica.
     Preset("text-llama8b-a10g", "text", LLAMA_8B, "A10G", 4, 256, 256, 128, None),
     Preset("text-llama8b-a100", "text", LLAMA_8B, "A100-80G", 4, 256, 1024, 128, None),
@@ -113,40 +115,148 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            None, max_num_seqs=128, tensor_parallel_size=2, quantization="fp8", description="FP8 halves the weights: 2 GPUs per replica"),
     Preset("vision-llama90b-h100-tp8-pp2", "vision", "meta-llama/Llama-3.2-90B-Vision-Instruct", "H100", 1, 16,
            8192, 128, None, max_num_seqs=64, tensor_parallel_size=8, pipeline_parallel_size=2,
-           description="the seed's 90B vision model: 2 nodes x 8 H100, tp=8, pp=2"),
+           description="the 90B vision model of Ray's tutorial: 2 nodes x 8 H100, tp=8, pp=2"),
 ]}
 
 DEFAULT_GPU_PRESET = {"text": "text-llama8b-l4", "vision": "vision-qwen3b-l4"}
 CPU_PRESET = {"text": "text-cpu-offline", "vision": "vision-cpu-offline"}
 
 
-def gpu_visible() -> bool:
-    """True when this process or its Ray cluster can see a GPU."""
+class AutoPresetError(RuntimeError):
+    """``PRESET="auto"`` cannot choose safely from what the cluster shows; the message says what to do."""
+
+
+#: Ray's GPU type labels by the words in a CUDA device's name (used for a local GPU before Ray starts).
+_GPU_NAMES = (("H200", "H200"), ("H100", "H100"), ("A10G", "A10G"), ("L4", "L4"), ("T4", "T4"))
+
+
+def _gpu_label(device_name: str, memory_gib: float) -> str:
+    for words, label in _GPU_NAMES:
+        if words in device_name:
+            return label
+    if "A100" in device_name:
+        return "A100-80G" if memory_gib > 60 else "A100-40G"
+    return device_name.replace("NVIDIA ", "").replace(" ", "-") or "unknown"
+
+
+def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
+    """What ``PRESET="auto"`` chooses from, in the shape of ``ray.cluster_resources()``.
+
+    On a Ray cluster (``RAY_ADDRESS`` set, as in a Ray job): the cluster's resources, waiting up to
+    ``wait_s`` for GPU workers to join (a cluster that scales from zero shows none at first), with
+    ``"remote": True``. Locally: this machine's CUDA GPUs (type, count and measured memory), which
+    the local Ray will have. Before Ray starts, so the run's CPU budget can follow the choice.
+    """
+    import os
+    import time
+
+    if os.environ.get("RAY_ADDRESS"):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(log_to_driver=False)
+        deadline = time.monotonic() + wait_s
+        resources = dict(ray.cluster_resources())
+        while resources.get("GPU", 0) == 0 and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            resources = dict(ray.cluster_resources())
+        return {**resources, "remote": True}
+    cluster: dict[str, Any] = {"CPU": float(os.cpu_count() or 1)}
     try:
         import torch
 
-        if torch.cuda.is_available():
-            return True
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count:
+            props = torch.cuda.get_device_properties(0)
+            memory = props.total_memory / 1024**3
+            cluster.update({"GPU": float(count), f"accelerator_type:{_gpu_label(props.name, memory)}": 1.0,
+                            "gpu_memory_gib": memory})
     except ImportError:
         pass
-    try:
-        import ray
-
-        return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
-    except ImportError:
-        return False
+    return cluster
 
 
-def select(name: str, task: str, *, has_gpu: bool | None = None, **overrides: Any) -> Preset:
-    """The preset called ``name`` ("auto": CPU offline without a GPU, the task's GPU preset with
-    one), with ``overrides`` applied field by field."""
+def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Preset:
+    """The run configuration that fits ``cluster`` (see :func:`select`)."""
+    import math
+
+    from helpers.checks import GIB, model_shape
+
+    gpus = int(cluster.get("GPU", 0))
+    if gpus == 0:
+        if cluster.get("remote"):
+            raise AutoPresetError(
+                "PRESET='auto' found no GPUs on the Ray cluster (one that scales from zero, like job.yaml's "
+                "min_nodes: 0, shows none until work asks for them), and will not fall back to the CPU preset "
+                f"there. Name a preset for the GPUs you want, e.g. PRESET={DEFAULT_GPU_PRESET[task]!r} "
+                f"(presets: {names(task)[1:]}).")
+        return PRESETS[CPU_PRESET[task]].override(description="auto: no GPU visible, so the offline CPU preset")
+    types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
+    gpu_type = types[0] if types else None
+    base = PRESETS[DEFAULT_GPU_PRESET[task]]
+    model = model_source if model_source not in (None, "offline") else base.model_source
+    known = GPUS.get(gpu_type or "")
+    memory = known.memory_gib if known else cluster.get("gpu_memory_gib")
+    reasons = {}
+    if memory is None:
+        memory = min(g.memory_gib for g in GPUS.values())
+        reasons["accelerator_type"] = (f"detected {gpus} x {gpu_type or 'GPU of no reported type'}; memory unknown, "
+                                       f"so the smallest known ({memory:g} GiB) is assumed")
+    else:
+        reasons["accelerator_type"] = f"detected {gpus} x {gpu_type} ({memory:.0f} GiB each)"
+    shape = model_shape(model)
+    budget = memory * GIB * base.gpu_memory_utilization * 0.9  # 10% for activations, as the checks assume
+    tp = 1
+    if shape is not None:
+        # Tensor parallelism only when the weights do not fit one GPU with room for a KV cache.
+        while shape.parameters * 2 / tp > 0.8 * budget and tp < min(gpus, 8):
+            tp *= 2
+        if shape.parameters * 2 / tp > 0.8 * budget:
+            assumed = "" if known or cluster.get("gpu_memory_gib") else (
+                f" (the kit does not know {gpu_type!r} and the cluster does not say its memory: "
+                f"{memory:g} GiB was assumed; set ACCELERATOR_TYPE, CONCURRENCY and MAX_MODEL_LEN yourself)")
+            raise AutoPresetError(f"PRESET='auto': {model} needs ~{shape.parameters * 2 / GIB:.0f} GiB of weights, "
+                                  f"more than {gpus} x {gpu_type} can hold{assumed}. Name a preset with more GPUs "
+                                  f"or quantization (presets: {names(task)[1:]}).")
+    replicas = max(1, gpus // tp)
+    reasons["concurrency"] = (f"{gpus} GPUs / {tp} per replica" if tp > 1 else f"one replica per GPU ({gpus})")
+    if tp > 1:
+        reasons["tensor_parallel_size"] = f"{model}'s weights do not fit one {gpu_type} with room for a KV cache"
+    max_num_seqs = base.max_num_seqs
+    if shape is not None:
+        free = budget - shape.parameters * 2 / tp
+        fits = int(free / (shape.kv_bytes_per_token * base.max_model_len / tp))
+        max_num_seqs = max(1, min(base.max_num_seqs, 2 ** int(math.log2(max(fits, 1)))))
+        reasons["max_num_seqs"] = (f"{fits} full-length sequences of {base.max_model_len} tokens fit the KV cache; "
+                                   f"capped at {base.max_num_seqs}")
+    num_blocks = max(base.num_blocks, 4 * replicas)
+    reasons["num_blocks"] = f"at least 4 per replica, and the {base.name} preset's {base.num_blocks}"
+    return base.override(
+        name=f"auto ({gpus}x{gpu_type})", accelerator_type=gpu_type, concurrency=replicas, tensor_parallel_size=tp,
+        max_num_seqs=max_num_seqs, num_blocks=num_blocks, limit=None,
+        max_concurrent_batches=max(base.max_concurrent_batches, -(-max_num_seqs // base.batch_size)),
+        description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
+
+
+def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **overrides: Any) -> Preset:
+    """The preset called ``name``, with ``overrides`` applied field by field.
+
+    ``"auto"`` chooses from ``cluster`` (``ray.cluster_resources()``-like; :func:`visible_cluster`
+    reads it; ``None``: no GPU): without GPUs, the offline CPU preset, except on a remote cluster
+    (``"remote": True``), where it raises :class:`AutoPresetError` instead of silently running on
+    CPUs. With GPUs: the task's GPU preset adapted to them: the GPU type and memory (known types, or
+    ``gpu_memory_gib`` measured), tensor parallelism only when the model (``model_source`` in
+    ``overrides``, else the preset's) does not fit one GPU, one replica per ``tp`` GPUs, and
+    ``max_num_seqs`` that fits the KV cache. The preset's ``reasons`` say why, field by field.
+    """
     if task not in CPU_PRESET:
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
     if name == "auto":
-        name = DEFAULT_GPU_PRESET[task] if (gpu_visible() if has_gpu is None else has_gpu) else CPU_PRESET[task]
-    if name not in PRESETS:
+        preset = _auto(task, cluster or {}, overrides.get("model_source"))
+    elif name in PRESETS:
+        preset = PRESETS[name]
+    else:
         raise KeyError(f"no preset {name!r}; presets: {sorted(PRESETS)}")
-    preset = PRESETS[name]
     if preset.task != task:
         raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
     return preset.override(**overrides) if overrides else preset
@@ -165,7 +275,7 @@ def names(task: str) -> list[str]:
     return ["auto", *sorted(n for n, p in PRESETS.items() if p.task == task)]
 
 
-def from_parameters(task: str, parameters: Mapping[str, Any], *, has_gpu: bool | None = None) -> Preset:
+def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mapping[str, Any] | None = None) -> Preset:
     """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
     parameter that is not ``None`` on top of it, field by field."""
     from helpers.engine import concurrency_arg
@@ -174,20 +284,24 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, has_gpu: bool |
                  if parameters.get(name) is not None}
     if "concurrency" in overrides:  # papermill and YAML turn a (min, max) pair into a list
         overrides["concurrency"] = concurrency_arg(overrides["concurrency"])
-    return select(parameters["PRESET"], task, has_gpu=has_gpu, **overrides)
+    return select(parameters["PRESET"], task, cluster=cluster, **overrides)
 
 
 def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per preset-backed setting: its value and whether it came from the preset or a parameter."""
+    """One row per preset-backed setting: its value, whether it came from the preset or a parameter,
+    and (for ``PRESET="auto"``) why that value was chosen."""
+    why = dict(preset.reasons)
     rows = []
     for name, field in PARAMETER_FIELDS.items():
         if name not in parameters:
             continue
         chosen = parameters[name] is not None
         rows.append({"parameter": name, "value": repr(getattr(preset, field)),
-                     "from": "your parameter" if chosen else f"preset {preset.name}"})
+                     "from": "your parameter" if chosen else f"preset {preset.name}",
+                     "why": "" if chosen else why.get(field, "")})
     for field in ("max_num_seqs", "tensor_parallel_size", "pipeline_parallel_size", "quantization"):
-        rows.append({"parameter": field, "value": repr(getattr(preset, field)), "from": f"preset {preset.name}"})
+        rows.append({"parameter": field, "value": repr(getattr(preset, field)), "from": f"preset {preset.name}",
+                     "why": why.get(field, "")})
     return rows
 
 

@@ -1,6 +1,6 @@
 """Write ``helpers/sample_data/customers.csv``: the bundled sample for the text notebook.
 
-The columns follow the seed tutorial's 2-million-row synthetic customers file, plus ``Industry``,
+The columns follow Ray's tutorial's 2-million-row synthetic customers file, plus ``Industry``,
 the true label. Companies are real, well-known organisations, 34 per label; the people, phones,
 cities and dates are synthetic (seeded, so the file is reproducible: a test regenerates it and
 fails if the committed copy drifts). Three deliberately bad rows show the reject and error paths:

@@ -41,10 +41,19 @@ def patch_source(text: str) -> str:
     return patched
 
 
+def imports() -> bool:
+    """True when torchvision imports in a fresh interpreter (this one may hold a half-imported one)."""
+    probe = subprocess.run([sys.executable, "-c", "import torchvision, torchvision.transforms"], capture_output=True)
+    return probe.returncode == 0
+
+
 def main() -> None:
     spec = importlib.util.find_spec("torchvision")
     if spec is None or not spec.submodule_search_locations:
         raise SystemExit("torchvision is not installed in this environment")
+    if imports():  # PyTorch's CPU build of torchvision (from its CPU index), or already patched
+        print("torchvision imports: nothing to patch")
+        return
     path = Path(spec.submodule_search_locations[0]) / "_meta_registrations.py"
     text = path.read_text()
     patched = patch_source(text)

@@ -43,11 +43,15 @@ def defaults(name: str) -> dict[str, object]:
     return values
 
 
-def run(name: str, out_root: Path, overrides: dict[str, object]) -> Path:
-    """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder."""
-    import nbformat
+def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | None = None) -> Path:
+    """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder.
+
+    The notebook runs in ``cwd`` (default: the current directory), so a relative ``INPUT_PATH`` is
+    relative to where you ran the command. The HTML report is rendered even when the notebook
+    failed (it shows where and why), but a rendering error never hides the notebook's own outcome:
+    it is printed, and the run's result (or the notebook's error) stands.
+    """
     import papermill
-    from nbconvert import HTMLExporter
 
     out = (out_root / name).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -57,15 +61,29 @@ def run(name: str, out_root: Path, overrides: dict[str, object]) -> Path:
     try:
         papermill.execute_notebook(
             str(NOTEBOOKS[name]), str(executed), parameters=parameters,
-            cwd=str(NOTEBOOKS[name].parent), kernel_name="python3", progress_bar=False,
+            cwd=str(cwd or Path.cwd()), kernel_name="python3", progress_bar=False,
         )
     finally:
-        # Render even a failed run: the report shows where and why it stopped.
-        if executed.exists():
-            html, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
-            (out / f"{name}.html").write_text(html, encoding="utf-8")
+        render_report(executed, out / f"{name}.html")
     print(f"[{name}] done: open {out / (name + '.html')}", flush=True)
     return out
+
+
+def render_report(executed: Path, html_path: Path) -> bool:
+    """Render an executed notebook to HTML; on any error print it and return False (never raise)."""
+    if not executed.exists():
+        return False
+    try:
+        import nbformat
+        from nbconvert import HTMLExporter
+
+        html, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+        html_path.write_text(html, encoding="utf-8")
+        return True
+    except Exception as exc:  # noqa: BLE001  a report is a convenience; the results are already written
+        print(f"could not render {html_path.name} ({type(exc).__name__}: {exc}); "
+              f"the executed notebook {executed} and the results are intact", file=sys.stderr, flush=True)
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

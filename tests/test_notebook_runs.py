@@ -81,33 +81,60 @@ def test_bad_parameter_fails_before_anything_runs(runner, tmp_path):
 
 @pytest.mark.slow
 def test_captioning_notebook_on_hf_parquet_layout(runner, tmp_path):
+    # The kit's whole corpus of awkward and broken files, as Hugging Face parquet rows, plus rows a
+    # real dataset has: a null image and the same bytes twice (two rows, never merged).
     from helpers import image_data
 
     files = image_data.sample_files()
-    keys = ["astronaut", "coffee_cmyk", "rocket_transparent_png", "broken_truncated", "broken_bomb", "animated_gif"]
+    rows = [{"key": k, "jpg": {"bytes": v, "path": f"{k}.jpg"}} for k, v in files.items()]
+    rows += [{"key": "null_image", "jpg": None}, {"key": "astronaut_again", "jpg": {"bytes": files["astronaut"], "path": "a.jpg"}}]
     (tmp_path / "pq").mkdir()
-    pd.DataFrame({"key": keys, "jpg": [{"bytes": files[k], "path": f"{k}.jpg"} for k in keys]}).to_parquet(
-        tmp_path / "pq" / "train-0000.parquet")
+    pd.DataFrame(rows).to_parquet(tmp_path / "pq" / "train-0000.parquet")
     out = runner.run("vlm_captioning", tmp_path / "results", {
         "INPUT_PATH": str(tmp_path / "pq"), "ID_COLUMN": "key", "IMAGE_TOKENS": 16, "MAX_TOKENS": 8,
-        "BATCH_SIZE": 2, "NUM_BLOCKS": 2, "KEEP_ASPECT": False,
+        "BATCH_SIZE": 4, "NUM_BLOCKS": 2, "KEEP_ASPECT": False,
     })
     for name in ("vlm_captioning.ipynb", "vlm_captioning.html", "captions.parquet", "errors.parquet",
                  "captions.png", "summary.json"):
         assert (out / name).is_file(), name
+    broken = {k for k in files if k.startswith("broken_")} | {"null_image"}
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["images read"] == 6 and summary["captioned"] == 4
-    assert summary["rejected before the model"] == 2 and summary["all images accounted for"]
+    assert summary["images read"] == len(rows) and summary["captioned"] == len(rows) - len(broken)
+    assert summary["rejected before the model"] == len(broken) and summary["all images accounted for"]
     captions = pd.read_parquet(out / "captions.parquet")
-    assert sorted(captions["row_id"]) == sorted(["astronaut", "coffee_cmyk", "rocket_transparent_png", "animated_gif"])
+    assert sorted(captions["row_id"]) == sorted({r["key"] for r in rows} - broken)
     assert set(captions.columns) == {"row_id", "source", "key", "width", "height", "vision_tokens", "caption",
-                                     "num_input_tokens", "num_generated_tokens"}  # never the image
+                                     "num_input_tokens", "num_generated_tokens", "request_digest"}  # never the image
     assert (captions["width"] == captions["height"]).all() and (captions["vision_tokens"] <= 16).all()
     assert (captions["num_generated_tokens"] >= 1).all() and (captions["num_generated_tokens"] <= 8).all()
     errors = pd.read_parquet(out / "errors.parquet").set_index("row_id")
+    assert set(errors.index) == broken and errors["reason"].str.len().gt(0).all()
     assert errors.loc["broken_truncated", "reason"] == "truncated file"
+    assert errors.loc["broken_truncated_png", "reason"] == "truncated file"
     assert errors.loc["broken_bomb", "reason"].startswith("too many pixels")
+    assert errors.loc["null_image", "reason"] == "no 'jpg' value in this row"
     assert "all images accounted for" in (out / "vlm_captioning.html").read_text()
+
+
+@pytest.mark.slow
+def test_captioning_notebook_on_a_folder_of_image_files(runner, tmp_path):
+    # The corpus as files, with the names scraped data often has (a PNG called .jpg, no extension).
+    from helpers import image_data
+
+    files = image_data.sample_files()
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i, (name, data) in enumerate(files.items()):
+        (folder / (name if i % 5 == 0 else f"{name}.jpg")).write_bytes(data)
+    out = runner.run("vlm_captioning", tmp_path / "results", {
+        "INPUT_PATH": str(folder), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8, "BATCH_SIZE": 8})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["images read"] == len(files) and summary["all images accounted for"]
+    errors = pd.read_parquet(out / "errors.parquet")
+    rejected = {s.removesuffix(".jpg"): r for s, r in zip(errors["source"], errors["reason"])}
+    assert set(rejected) == {k for k in files if k.startswith("broken_")} and all(rejected.values())
+    captions = pd.read_parquet(out / "captions.parquet")
+    assert len(captions) == len(files) - len(rejected) and captions["row_id"].is_unique
 
 
 @pytest.mark.slow

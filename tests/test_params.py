@@ -21,9 +21,9 @@ def test_text_defaults_are_valid_and_come_from_the_cpu_preset_without_a_gpu(repo
     _, defaults = notebook_defaults(repo, "text_classification")
     assert params.text_problems(defaults) == []
     assert defaults["PRESET"] == "auto" and defaults["MODEL_SOURCE"] is None and defaults["BATCH_SIZE"] is None
-    config = presets.from_parameters("text", defaults, has_gpu=False)
+    config = presets.from_parameters("text", defaults, cluster={"CPU": 2.0})
     assert config.name == "text-cpu-offline" and config.model_source == "offline" and config.accelerator_type is None
-    assert presets.from_parameters("text", defaults, has_gpu=True).name == "text-llama8b-l4"
+    assert presets.from_parameters("text", defaults, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0}).name == "auto (4xL4)"
 
 
 def test_parameters_are_literals_with_a_comment_each(repo):
@@ -90,6 +90,6 @@ def test_concurrency_pair_is_accepted(repo):
 def test_caption_defaults_are_valid(repo):
     _, defaults = notebook_defaults(repo, "vlm_captioning")
     assert params.caption_problems(defaults) == []
-    assert presets.from_parameters("vision", defaults, has_gpu=False).model_source == "offline"
+    assert presets.from_parameters("vision", defaults, cluster={"CPU": 2.0}).model_source == "offline"
     assert defaults["MAX_PIXELS"] > 0
 

@@ -26,10 +26,9 @@ def test_presets_are_frozen_and_overrides_are_checked():
 
 
 def test_auto_picks_cpu_without_gpu_and_gpu_preset_with_one():
-    assert presets.select("auto", "text", has_gpu=False).name == "text-cpu-offline"
-    assert presets.select("auto", "text", has_gpu=True).name == "text-llama8b-l4"
-    assert presets.select("auto", "vision", has_gpu=True).name == "vision-qwen3b-l4"
-    assert presets.select("auto", "vision", has_gpu=False, batch_size=4).batch_size == 4
+    assert presets.select("auto", "text").name == "text-cpu-offline"
+    assert presets.select("auto", "text", cluster={"CPU": 2.0}).name == "text-cpu-offline"
+    assert presets.select("auto", "vision", cluster={"CPU": 2.0}, batch_size=4).batch_size == 4
     with pytest.raises(KeyError, match="no preset 'nope'"):
         presets.select("nope", "text")
     with pytest.raises(ValueError, match="is for the vision task"):
@@ -39,12 +38,12 @@ def test_auto_picks_cpu_without_gpu_and_gpu_preset_with_one():
 def test_notebook_parameters_left_at_none_come_from_the_preset_and_given_ones_win():
     parameters = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto", "BATCH_SIZE": 32,
                                                                       "CONCURRENCY": [2, 4]}
-    config = presets.from_parameters("text", parameters, has_gpu=True)
-    assert config.name == "text-llama8b-l4" and config.model_source == "unsloth/Llama-3.1-8B-Instruct"
+    config = presets.from_parameters("text", parameters, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0})
+    assert config.name == "auto (4xL4)" and config.model_source == "unsloth/Llama-3.1-8B-Instruct"
     assert config.batch_size == 32 and config.concurrency == (2, 4) and config.num_blocks == 128
     sources = {row["parameter"]: row["from"] for row in presets.describe(config, parameters)}
-    assert sources["BATCH_SIZE"] == "your parameter" and sources["NUM_BLOCKS"] == "preset text-llama8b-l4"
-    assert sources["max_num_seqs"] == "preset text-llama8b-l4"
+    assert sources["BATCH_SIZE"] == "your parameter" and sources["NUM_BLOCKS"] == "preset auto (4xL4)"
+    assert sources["max_num_seqs"] == "preset auto (4xL4)"
     # A parameter the notebook doesn't have (the captioning notebook computes MAX_MODEL_LEN) is not listed.
     vision = {k: v for k, v in parameters.items() if k != "MAX_MODEL_LEN"} | {"PRESET": "vision-cpu-offline"}
     assert "MAX_MODEL_LEN" not in {r["parameter"] for r in presets.describe(presets.from_parameters("vision", vision), vision)}
@@ -133,3 +132,66 @@ def test_suggest_max_model_len_uses_the_models_template(smollm2_path):
     suggestion = checks.suggest_max_model_len(tok, conversations, max_tokens=14, quantile=0.75)
     assert suggestion["p50"] < 100 < 400 < suggestion["max"]
     assert suggestion["max_model_len"] % 64 == 0 and suggestion["max_model_len"] < 200  # the outlier does not set it
+
+
+def test_checks_take_an_autoscaling_concurrency_pair():
+    # CONCURRENCY=[2, 5] (a documented form); papermill hands it over as a list, the preset keeps a tuple.
+    preset = presets.from_parameters("text", {"PRESET": "text-cpu-offline", "CONCURRENCY": [2, 5]})
+    assert preset.concurrency == (2, 5)
+    messages = [f.message for f in checks.check_preset(preset, rows=1000)]
+    assert any("num_blocks=8 < 2 x 5 replicas" in m for m in messages)  # judged at the pool's largest size
+
+
+def _auto(task, **cluster):
+    return presets.select("auto", task, cluster=cluster)
+
+
+def test_auto_fits_one_h100():
+    # The bug: any GPU meant the 4 x L4 tutorial preset, which cannot be scheduled on one H100.
+    text, vision = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0}), _auto("vision", GPU=1.0, **{"accelerator_type:H100": 1.0})
+    for p in (text, vision):
+        assert p.accelerator_type == "H100" and p.concurrency == 1 and p.tensor_parallel_size == 1
+    assert text.max_num_seqs == 256 and dict(text.reasons)["accelerator_type"] == "detected 1 x H100 (80 GiB each)"
+    assert checks.enforce(checks.check_preset(text)) == [] or all("blocks" in w for w in checks.enforce(checks.check_preset(text)))
+
+
+def test_auto_on_8_a100s_runs_8_replicas():
+    p = _auto("text", GPU=8.0, **{"accelerator_type:A100-80G": 1.0})
+    assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size) == ("A100-80G", 8, 1)
+    assert p.num_blocks >= 4 * 8 and "one replica per GPU (8)" in dict(p.reasons)["concurrency"]
+
+
+def test_auto_on_4_l4s_and_2_t4s_uses_tensor_parallelism_only_where_the_model_does_not_fit():
+    l4 = _auto("text", GPU=4.0, **{"accelerator_type:L4": 1.0})
+    assert (l4.concurrency, l4.tensor_parallel_size) == (4, 1)  # 8B in 16 bits fits a 24 GB L4
+    assert l4.max_num_seqs < 256  # but not 256 full-length sequences of KV cache (the checks' warning)
+    assert not [f for f in checks.check_preset(l4) if f.level == "warning" and "KV cache" in f.message]
+    t4 = _auto("text", GPU=2.0, **{"accelerator_type:T4": 1.0})
+    assert (t4.concurrency, t4.tensor_parallel_size) == (1, 2)  # 15 GiB of weights > a 16 GB T4's share
+    assert "do not fit one T4" in dict(t4.reasons)["tensor_parallel_size"]
+
+
+def test_auto_on_an_unknown_gpu_type_uses_measured_memory_or_says_what_to_do():
+    p = _auto("text", GPU=2.0, gpu_memory_gib=192.0, **{"accelerator_type:B300": 1.0})
+    assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size) == ("B300", 2, 1)
+    with pytest.raises(presets.AutoPresetError, match="does not know 'B300'"):
+        _auto("text", GPU=1.0, **{"accelerator_type:B300": 1.0})
+
+
+def test_auto_never_falls_back_to_cpus_on_a_remote_cluster_without_gpus_yet():
+    with pytest.raises(presets.AutoPresetError, match="min_nodes: 0.*Name a preset"):
+        _auto("text", CPU=8.0, remote=True)
+    assert _auto("text", CPU=8.0).name == "text-cpu-offline"  # a local machine without a GPU: the CPU preset
+
+
+def test_auto_sizes_the_offline_model_from_its_folder(smollm2_path):
+    p = presets.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:H100": 1.0},
+                       model_source=str(smollm2_path))
+    assert p.model_source == str(smollm2_path) and p.concurrency == 1 and p.max_num_seqs == 256
+
+
+def test_settings_table_says_why():
+    p = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0})
+    rows = {r["parameter"]: r for r in presets.describe(p, {"ACCELERATOR_TYPE": None, "CONCURRENCY": None})}
+    assert rows["ACCELERATOR_TYPE"]["why"].startswith("detected 1 x H100")
+    assert rows["CONCURRENCY"]["why"] and rows["max_num_seqs"]["why"]

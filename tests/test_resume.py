@@ -75,25 +75,31 @@ def test_text_run_resumes_after_kill_with_exact_once_rows(tmp_path):
 def test_captioning_run_resumes_after_kill_with_exact_once_images(tmp_path):
     from helpers import image_data
 
-    sample = image_data.sample_files()
-    files = {f"{k}_{i}": v for i in range(4) for k, v in sample.items()}  # 84 images, 16 broken
-    shard = image_data.write_webdataset(files, tmp_path / "data" / "shard-000000.tar")
-    params = {"INPUT_PATH": str(shard), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}
+    # Two shards whose keys repeat (each starts at 000000, as real webdataset shards do): resuming
+    # must key on shard + key, or a re-run skips images of one shard because the other finished them.
+    sample = list(image_data.sample_files().items()) * 2
+    shards = {}
+    for shard in ("shard-000000.tar", "shard-000001.tar"):
+        files = {f"{i:06d}": data for i, (_, data) in enumerate(sample)}
+        image_data.write_webdataset(files, tmp_path / "data" / shard)
+        shards.update({f"{shard}/{i:06d}": name for i, (name, _) in enumerate(sample)})
+    broken = {sid for sid, name in shards.items() if name.startswith("broken_")}
+    params = {"INPUT_PATH": str(tmp_path / "data"), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}
     out = tmp_path / "results" / "vlm_captioning"
     proc = start("vlm_captioning", tmp_path / "results",
                  {**params, "NUM_BLOCKS": 28, "BATCH_SIZE": 2, "MAX_CONCURRENT_BATCHES": 1})
     kill_when_checkpointed(proc, out / "checkpoint" / "captioned")
     done_before = committed_ids(out / "checkpoint" / "captioned")
-    good = sum(1 for k in files if not k.startswith("broken_"))
+    good = len(shards) - len(broken)
     assert 0 < len(done_before) < good
 
     load_script("run_notebooks").run("vlm_captioning", tmp_path / "results", {**params, "BATCH_SIZE": 16})
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"].startswith("resuming an interrupted run")
     assert summary["sent to the engine in this run"] == good - len(done_before)
-    assert summary["images read"] == len(files) and summary["all images accounted for"]
+    assert summary["images read"] == len(shards) and summary["all images accounted for"]
     captions = pd.read_parquet(out / "captions.parquet")
     errors = pd.read_parquet(out / "errors.parquet")
-    keys = pd.concat([captions["__key__"], errors["__key__"]])
-    assert keys.is_unique and set(keys) == set(files)
-    assert set(errors["__key__"]) == {k for k in files if k.startswith("broken_")}
+    ids = pd.concat([captions[image_data.SAMPLE_ID], errors[image_data.SAMPLE_ID]])
+    assert ids.is_unique and set(ids) == set(shards)
+    assert set(errors[image_data.SAMPLE_ID]) == broken

@@ -1,4 +1,5 @@
 import subprocess
+from pathlib import Path
 import sys
 
 import nbformat
@@ -79,3 +80,25 @@ def test_sample_customers_check_mode_detects_drift(repo, tmp_path, monkeypatch):
     (tmp_path / "customers.csv").write_text(generator.render().replace("Walmart", "Wal-Mart"))
     monkeypatch.setattr(sys, "argv", ["x", "--check"])
     assert generator.main() == 1
+
+
+def test_a_report_rendering_error_never_replaces_the_notebooks_outcome(tmp_path, monkeypatch, capsys):
+    import papermill
+
+    runner = load_script("run_notebooks")
+    calls = []
+
+    def fake_execute(source, executed, parameters, cwd, **kwargs):
+        calls.append(cwd)
+        Path(executed).write_text("{ not a notebook")  # renders with an error
+        if parameters.get("LIMIT") == -1:
+            raise RuntimeError("the notebook's own failure")
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    monkeypatch.chdir(tmp_path)
+    out = runner.run("text_classification", tmp_path / "results", {"LIMIT": 5})
+    assert out == (tmp_path / "results" / "text_classification").resolve()  # the run's result stands
+    assert "could not render text_classification.html" in capsys.readouterr().err
+    assert calls == [str(tmp_path)]  # relative INPUT_PATHs are relative to where the command runs
+    with pytest.raises(RuntimeError, match="the notebook's own failure"):
+        runner.run("text_classification", tmp_path / "results", {"LIMIT": -1})

