@@ -73,21 +73,29 @@ def test_text_notebook_as_a_ray_job(local_cluster, tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     ray_cli = str(Path(sys.executable).parent / "ray")
     job_id = f"kit-test-{os.getpid()}"
-    submit = [ray_cli, "job", "submit", "--address", local_cluster, "--submission-id", job_id, "--no-wait",
-              "--runtime-env-json", json.dumps(runtime_env), "--",
-              "python", "scripts/run_notebooks.py", "--only", "text_classification", "--out", str(out),
-              "-p", "LIMIT", "24", "-p", "NUM_BLOCKS", "2"]
-    for _ in range(20):  # the head's job agent takes a few seconds to come up after `ray start`
-        result = subprocess.run(submit, env=env, capture_output=True, text=True, timeout=60)
-        if "No available agent" not in result.stdout + result.stderr:
-            break
-        time.sleep(3)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    logs = subprocess.run([ray_cli, "job", "logs", "--address", local_cluster, "--follow", job_id],
-                          env=env, capture_output=True, text=True, timeout=900)
-    status = subprocess.run([ray_cli, "job", "status", "--address", local_cluster, job_id],
-                            env=env, capture_output=True, text=True, timeout=60)
-    assert "succeeded" in status.stdout.lower(), status.stdout + logs.stdout[-3000:]
+
+    def submit(job_id: str, *params: str) -> tuple[str, str]:
+        command = [ray_cli, "job", "submit", "--address", local_cluster, "--submission-id", job_id, "--no-wait",
+                   "--runtime-env-json", json.dumps(runtime_env), "--",
+                   "python", "scripts/run_notebooks.py", "--only", "text_classification", "--out", str(out), *params]
+        for _ in range(20):  # the head's job agent takes a few seconds to come up after `ray start`
+            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+            if "No available agent" not in result.stdout + result.stderr:
+                break
+            time.sleep(3)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+        logs = subprocess.run([ray_cli, "job", "logs", "--address", local_cluster, "--follow", job_id],
+                              env=env, capture_output=True, text=True, timeout=900)
+        status = subprocess.run([ray_cli, "job", "status", "--address", local_cluster, job_id],
+                                env=env, capture_output=True, text=True, timeout=60)
+        return status.stdout.lower(), logs.stdout
+
+    # "auto" on a cluster without GPUs (one scaling from zero looks the same) waits, then asks for a
+    # named preset instead of running on CPUs.
+    status, logs = submit(f"{job_id}-auto", "-p", "LIMIT", "24", "-p", "STARTUP_TIMEOUT_S", "10")
+    assert "failed" in status and "found no GPUs on the Ray cluster" in logs, status + logs[-3000:]
+    status, logs = submit(job_id, "-p", "LIMIT", "24", "-p", "NUM_BLOCKS", "2", "-p", "PRESET", "text-cpu-offline")
+    assert "succeeded" in status, status + logs[-3000:]
     summary = json.loads((out / "text_classification" / "summary.json").read_text())
     assert summary["rows read"] == 24 and summary["all rows accounted for"]
     assert (out / "text_classification" / "text_classification.html").is_file()
