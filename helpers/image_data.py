@@ -124,26 +124,31 @@ def image_value(value: Any, field: str) -> tuple[bytes, str]:
     return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
 
 
-def _frame(ids: list[str], sources: list[str], values: Any, field: str) -> pd.DataFrame:
-    pairs = [image_value(v, field) for v in values]
+def _values(batch: pd.DataFrame, field: str) -> list[tuple[bytes, str]]:
+    """:func:`image_value` for every row of ``batch`` (a batch without the field: all missing)."""
+    values = batch[field] if field in batch else [None] * len(batch)
+    return [image_value(v, field) for v in values]
+
+
+def _frame(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
     return pd.DataFrame({ROW_ID: ids, SOURCE: sources, IMAGE_BYTES: [b for b, _ in pairs],
                          REJECT_REASON: [r for _, r in pairs]})
 
 
 def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
     ids = batch[SAMPLE_ID].astype(str).tolist()
-    values = batch[image_column] if image_column in batch else [None] * len(batch)
-    return _frame(ids, [i.replace("/", ":", 1) for i in ids], values, image_column).assign(**{SAMPLE_ID: ids})
+    pairs = _values(batch, image_column)
+    return _frame(ids, [i.replace("/", ":", 1) for i in ids], pairs).assign(**{SAMPLE_ID: ids})
 
 
 def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:
-    values = batch[image_column] if image_column in batch else [None] * len(batch)
+    pairs = _values(batch, image_column)
     if id_column:
         ids = batch[id_column].astype(str).tolist()
     else:  # content hash: stable across runs whatever the order rows arrive in
-        ids = _content_ids([image_value(v, image_column)[0] for v in values])
+        ids = _content_ids([data for data, _ in pairs])
     sources = [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)]
-    out = _frame(ids, sources, values, image_column)
+    out = _frame(ids, sources, pairs)
     if id_column:
         out[id_column] = batch[id_column].to_numpy()
     return out
@@ -163,7 +168,7 @@ def _content_ids(raw: list[bytes]) -> list[str]:
 
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     paths = [str(p) for p in batch["path"]]
-    return _frame(paths, [Path(p).name for p in paths], batch["bytes"], "bytes").assign(path=paths)
+    return _frame(paths, [Path(p).name for p in paths], _values(batch, "bytes")).assign(path=paths)
 
 
 def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = True,
