@@ -4,9 +4,10 @@ For each task it runs, on the same inputs, model, engine arguments and sampling 
 
 - **raw**: a hand-written script in a fresh process: import vLLM, build one ``vllm.LLM``, call
   ``LLM.chat`` once over every prompt (for captions, each image is first prepared with the kit's
-  ``prepare_image``, one by one, as a plain script would). It runs twice: with vLLM's defaults, and
-  with the CPU settings the kit applies (``VLLM_CPU_OMP_THREADS_BIND`` over all cores), so you can
-  tell what the kit's pipeline buys from what its settings buy.
+  ``prepare_image``, one by one, as a plain script would). On a CPU it runs twice: with vLLM's
+  defaults, and with the CPU settings the kit applies (``VLLM_CPU_OMP_THREADS_BIND`` over all
+  cores), so you can tell what the kit's pipeline buys from what its settings buy. On a GPU that
+  setting does not exist: it runs once.
 - **kit**: the kit's own notebook, executed with papermill (the code users run, not a copy), on the
   same rows written as an input file.
 
@@ -16,8 +17,12 @@ Three times per side, each a ratio raw / kit (above 1: the kit is faster):
   kernel start, Ray start, the checks, the reports and charts.
 - *pipeline, engine start in*: raw: import vLLM + engine start + ``chat``. Kit: the notebook's
   pipeline cell (planning, engine start, every stage, writing the results; ``summary.json``).
-- *engine start excluded*: raw: ``chat`` alone. Kit: the pipeline minus a second run of the
-  notebook on a single row, which pays the same fixed costs and almost no inference.
+- *steady state*: raw: ``chat`` alone (engine start excluded). Kit: the rows over the time from
+  its first result file to its last (``summary.json``'s "rows/s steady state"), i.e. once every
+  stage is running.
+
+On a machine with a CUDA GPU the kit runs with ``PRESET="auto"`` (fitted to the GPU it finds) and
+both sides use the offline models from their folders.
 
 Results are compared row by row (temperature 0 on both sides; see :class:`Agreement`): the rows answered
 and the requests sent must be identical, the answers must agree on at least ``AGREEMENT_THRESHOLD`` of
@@ -53,7 +58,7 @@ SUFFIXES = ["", " Group", " Holdings", " International", " & Partners", " Labs",
 class Timing:
     whole_s: float  # process or notebook start to results
     pipeline_s: float  # engine start included
-    generate_s: float  # engine start excluded
+    generate_s: float  # steady state: engine start excluded
 
 
 # --- inputs -------------------------------------------------------------------------------------
@@ -163,26 +168,22 @@ def run_raw(kind: str, spec: dict[str, Any], workdir: Path,
 
 # --- the kit: its notebook through papermill ----------------------------------------------------
 
-def run_kit(notebook: str, params: dict[str, Any], out: Path) -> tuple[float, float, Path]:
-    """Run the notebook; return (notebook wall time, pipeline time from summary.json, output folder)."""
+def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path]:
+    """Run the notebook; its timings: wall time, the pipeline cell's and the steady state's (rows
+    written / rows per second from the first result file to the last, from ``summary.json``)."""
     known = run_notebooks.defaults(notebook)
     started = time.perf_counter()
-    folder = run_notebooks.run(notebook, out, {k: v for k, v in params.items() if k in known})
+    folder = run_notebooks.run(notebook, workdir / "kit", {k: v for k, v in params.items() if k in known})
     whole = time.perf_counter() - started
     summary = json.loads((folder / "summary.json").read_text())
-    return whole, float(summary["pipeline seconds"]), folder
-
-
-def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path]:
-    whole, pipeline, folder = run_kit(notebook, params, workdir / "kit")
-    _, fixed, _ = run_kit(notebook, {**params, "LIMIT": 1}, workdir / "kit-one-row")
-    return Timing(whole, pipeline, pipeline - fixed), folder
+    steady = summary["rows written in this run"] / summary["rows/s steady state"]
+    return Timing(whole, float(summary["pipeline seconds"]), steady), folder
 
 
 @dataclass(frozen=True)
 class Measured:
     raw: Timing
-    tuned: Timing  # raw with the kit's CPU settings
+    tuned: Timing | None  # raw with the kit's CPU settings (None on a GPU)
     kit: Timing
     raw_results: dict[str, dict[str, Any]]  # "default" / "tuned" -> the raw script's result
     kit_folder: Path
@@ -191,9 +192,12 @@ class Measured:
 def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str, Any], workdir: Path) -> Measured:
     """Raw vLLM with its defaults, raw with the kit's CPU settings, then the kit's notebook."""
     raw, default_result = run_raw(kind, spec, workdir)
-    tuned, tuned_result = run_raw(kind, spec, workdir, kit_cpu_env())
+    results = {"default": default_result}
+    tuned = None
+    if not on_gpu():
+        tuned, results["tuned"] = run_raw(kind, spec, workdir, kit_cpu_env())
     kit, folder = kit_timing(notebook, kit_params, workdir)
-    return Measured(raw, tuned, kit, {"default": default_result, "tuned": tuned_result}, folder)
+    return Measured(raw, tuned, kit, results, folder)
 
 
 #: The share of rows whose answers must agree between raw vLLM and the kit (see :func:`agreement`).
@@ -265,13 +269,27 @@ def agreement(raw: dict[str, Any], kit: dict[str, Any], ids: list[str]) -> Agree
     )
 
 
-def ratio_table(raw: Timing, tuned: Timing, kit: Timing) -> str:
-    lines = [f"{'':28}{'raw vLLM':>10}{'raw+CPU':>10}{'kit':>10}{'raw/kit':>10}{'raw+CPU/kit':>13}"]
+def ratio_table(raw: Timing, tuned: Timing | None, kit: Timing) -> str:
+    """Seconds per side and raw/kit (above 1: the kit is faster); the raw+CPU columns only on a CPU."""
+    lines = [f"{'':28}{'raw vLLM':>10}" + (f"{'raw+CPU':>10}" if tuned else "") + f"{'kit':>10}{'raw/kit':>10}"
+             + (f"{'raw+CPU/kit':>13}" if tuned else "")]
     for label, field in (("whole run", "whole_s"), ("pipeline, engine start in", "pipeline_s"),
-                         ("engine start excluded", "generate_s")):
-        a, b, k = getattr(raw, field), getattr(tuned, field), getattr(kit, field)
-        lines.append(f"{label:28}{a:>9.1f}s{b:>9.1f}s{k:>9.1f}s{a / k:>9.2f}x{b / k:>12.2f}x")
+                         ("steady state", "generate_s")):
+        a, k = getattr(raw, field), getattr(kit, field)
+        b = getattr(tuned, field) if tuned else None
+        lines.append(f"{label:28}{a:>9.1f}s" + (f"{b:>9.1f}s" if tuned else "") + f"{k:>9.1f}s{a / k:>9.2f}x"
+                     + (f"{b / k:>12.2f}x" if tuned else ""))
     return "\n".join(lines)
+
+
+def on_gpu() -> bool:
+    """True where a CUDA GPU is visible (the GPU install: no CPU engine settings)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
 
 
 def kit_cpu_env() -> dict[str, str]:
@@ -284,11 +302,22 @@ def kit_cpu_env() -> dict[str, str]:
 
 def run_settings(task: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """What the benchmark passes to the notebook: greedy answers (so outputs can be compared), no
-    resume, the CPU preset, then the user's ``-p`` overrides. Both sides run with the notebook's
-    defaults updated with these."""
+    resume, the CPU preset (on a GPU: "auto" with the offline model's folder), then the user's ``-p``
+    overrides. Both sides run with the notebook's defaults updated with these."""
+    from helpers import models, presets
+
+    if on_gpu():
+        model = models.prepare_smollm2() if task == "text" else models.prepare_tiny_vlm()
+        return {"TEMPERATURE": 0.0, "RESUME": False, "PRESET": "auto", "MODEL_SOURCE": str(model), **overrides}
+    return {"TEMPERATURE": 0.0, "RESUME": False, "PRESET": presets.CPU_PRESET[task], **overrides}
+
+
+def run_config(task: str, params: dict[str, Any]):
+    """The engine configuration the notebook will use with these parameters (what "auto" fits)."""
     from helpers import presets
 
-    return {"TEMPERATURE": 0.0, "RESUME": False, "PRESET": presets.CPU_PRESET[task], **overrides}
+    seen = presets.visible_cluster() if params["PRESET"] == "auto" else None
+    return presets.from_parameters(task, params, cluster=seen)
 
 
 def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
@@ -301,7 +330,7 @@ def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
     model = models.prepare_smollm2()
     max_tokens = classify.label_token_budget(AutoTokenizer.from_pretrained(model), params["LABELS"]).max_tokens
     csv = text_input(rows, workdir)
-    config = presets.from_parameters("text", params)
+    config = run_config("text", params)
     spec = {**{k: params[k] for k in ("LABELS", "TASK", "USER_TEMPLATE", "TEMPERATURE", "KV_CACHE_GIB")},
             "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": config.engine_kwargs()}
     run = measure("text", "text_classification", spec, {**settings, "INPUT_PATH": str(csv)}, workdir)
@@ -323,7 +352,7 @@ def bench_caption(count: int, workdir: Path, overrides: dict[str, Any]) -> bool:
     max_len = caption.max_model_len(AutoTokenizer.from_pretrained(model), params["SYSTEM_PROMPT"], params["PROMPT"],
                                     params["IMAGE_TOKENS"], params["MAX_TOKENS"])
     folder_in = image_input(count, workdir)
-    config = presets.from_parameters("vision", params).override(max_model_len=max_len)
+    config = run_config("vision", params).override(max_model_len=max_len)
     spec = {**{k: params[k] for k in ("SYSTEM_PROMPT", "PROMPT", "IMAGE_TOKENS", "MAX_TOKENS", "TEMPERATURE",
                                       "KV_CACHE_GIB")},
             "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}

@@ -1,14 +1,12 @@
-"""Image captioning requests: prompts with an image part, the context budget, post-processing."""
+"""Image captioning: the messages of the notebook's ``preprocess`` (for the benchmark's raw side), the
+columns carried to the results, and the context budget."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from helpers.data import ROW_ID
-from helpers.image_data import IMAGE, SOURCE
-from helpers.outputs import result_row
+from helpers.image_data import SOURCE
 
 CAPTION = "caption"
 #: Columns carried from the prepared image rows to the results (never the image itself).
@@ -42,37 +40,3 @@ def max_model_len(tokenizer: Any, system_prompt: str, prompt: str, image_tokens:
     placeholder_tokens = len(tokenizer(image_placeholder, add_special_tokens=False)["input_ids"])
     needed = text_tokens - placeholder_tokens + 2 + image_tokens + max_tokens  # 2: vision start/end
     return -(-needed // multiple) * multiple
-
-
-def make_preprocess(*, system_prompt: str, prompt: str, max_tokens: int, temperature: float,
-                    carry: tuple[str, ...] = CARRIED):
-    """Return the processor's ``preprocess``: prepared image row -> messages + sampling params.
-
-    ``carry`` names the columns passed on to the results (never the image itself).
-    """
-    from PIL import Image
-
-    def preprocess(row: dict[str, Any]) -> dict[str, Any]:
-        image = Image.fromarray(np.asarray(row[IMAGE], dtype=np.uint8))
-        return {
-            **{c: row[c] for c in carry},
-            "messages": build_messages(system_prompt, prompt, image),
-            "sampling_params": {"temperature": temperature, "max_tokens": max_tokens},
-        }
-
-    return preprocess
-
-
-def make_postprocess(carry: tuple[str, ...] = CARRIED):
-    """Return the processor's ``postprocess``: keep the carried columns (id, source, sizes), the
-    caption and token counts; never the image."""
-
-    def postprocess(row: dict[str, Any]) -> dict[str, Any]:
-        return result_row(row, carry, **{CAPTION: row["generated_text"].strip()})
-
-    return postprocess
-
-
-def output_defaults() -> dict[str, Any]:
-    """What an engine-error row carries in this task's output column (the aligner adds the rest)."""
-    return {CAPTION: ""}

@@ -100,12 +100,14 @@ def job_env_vars() -> dict[str, str]:
 
 
 def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False,
-              startup_timeout_s: int = 600) -> dict[str, Any]:
+              startup_timeout_s: int = 600, progress: bool | None = None) -> dict[str, Any]:
     """Connect to Ray, or start a local Ray sized by ``budget``; return the cluster's resources.
 
     On a cluster (``RAY_ADDRESS`` set, e.g. in a Ray job), the cluster's own resources apply.
-    ``verbose=False`` turns off Ray Data's progress output and INFO logs, which in a non-interactive
-    run (papermill, a job) become thousands of log lines in the report. ``startup_timeout_s`` bounds
+    ``verbose=False`` turns off Ray Data's INFO logs, which in a non-interactive run (papermill, a
+    job) become thousands of log lines in the report. ``progress`` (default: ``verbose``) turns
+    Ray Data's progress reports on or off on their own: outside a terminal Ray logs them as a
+    short table every 10 seconds. ``startup_timeout_s`` bounds
     how long Ray Data waits for the engine actors to start before it raises instead of waiting forever.
     """
     import logging
@@ -113,11 +115,14 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     import ray
 
     context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = verbose
+    progress = verbose if progress is None else progress
+    context.enable_progress_bars = progress
     context.wait_for_min_actors_s = startup_timeout_s
     if not verbose:  # the memory-use hints repeat every 30 s for the tokenizer stages' ~0.5 GB
         context.issue_detectors_config.detectors = []
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)
+    # Off, Ray would still warn once per run that progress bars are off: noise in a report.
+    logging.getLogger("ray.data._internal.progress").setLevel(logging.INFO if progress else logging.ERROR)
 
     if ray.is_initialized():
         ray.shutdown()

@@ -66,20 +66,22 @@ def _with_sample_id(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_images(path: str, input_format: str, *, image_column: str = "jpg", id_column: str | None = None,
-                num_cpus: float = 0.1, filesystem=None, check_rows: int = 20):
+                num_cpus: float = 0.1, filesystem=None, check_rows: int = 20, num_blocks: int | None = None):
     """Read any of the three layouts into rows ``{row_id, source, image_bytes, reject_reason}`` plus
     the source's own id column (see :func:`source_id_column`), kept under its name so results can
     be matched to the source and interrupted runs resumed.
 
     A row whose image field is missing, null or not bytes is kept, with a ``reject_reason``. A layout
     that is wrong as a whole (none of the first ``check_rows`` rows has ``image_column``) fails here,
-    naming the fields that are there.
+    naming the fields that are there. ``num_blocks`` splits the rows into that many blocks as they
+    are read (Ray's ``override_num_blocks``), so engine replicas get work from the first block
+    without a repartition that waits for the whole dataset.
     """
     import ray
 
     if input_format not in FORMATS:
         raise ValueError(f"INPUT_FORMAT must be one of {FORMATS} or 'auto', got {input_format!r}")
-    common = {"num_cpus": num_cpus, "filesystem": filesystem}
+    common = {"num_cpus": num_cpus, "filesystem": filesystem, "override_num_blocks": num_blocks}
     if input_format == "webdataset":
         ds = ray.data.read_webdataset(path, decoder=_with_sample_id, include_paths=True, **common)
         fn, kwargs = _from_webdataset, {"image_column": image_column}

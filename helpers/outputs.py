@@ -1,8 +1,8 @@
 """Output folders, resumable writes and the final result tables.
 
-Ray writes row-level parts under ``OUTPUT_DIR/parts/<name>/``; :func:`collect_results` turns them
-into the tables a person opens: ``predictions.parquet`` (or ``captions.parquet``) and
-``errors.parquet`` (rows rejected before the model, or that failed in the engine, with the reason).
+Ray writes row-level parts under ``OUTPUT_DIR/parts/<name>/``; they become the tables a person
+opens: ``predictions.parquet`` (or ``captions.parquet``) and ``errors.parquet`` (rows rejected before the model, or that failed in the engine, with the reason);
+:mod:`helpers.pipeline` writes and collects them.
 
 Resuming uses Ray Data's own checkpointing: each write records the ids of the rows it wrote under
 ``OUTPUT_DIR/checkpoint/<name>/``; after a crash, the next run with the same settings skips those
@@ -60,8 +60,8 @@ class RunOutputs:
     def checkpoint(self, name: str) -> Path:
         return self.root / CHECKPOINT / name
 
-    def write(self, ds, name: str, *, id_column: str | None, num_cpus: float) -> int:
-        """Write ``ds`` to ``parts/<name>``, resumably when possible; return the rows written now.
+    def write(self, ds, name: str, *, id_column: str | None, num_cpus: float) -> "Written":
+        """Write ``ds`` to ``parts/<name>``, resumably when possible; say what was written now.
 
         With ``resume`` on and an ``id_column`` present in the *source* data (Ray's checkpoint
         filter runs right after the read), finished rows are recorded and skipped on a re-run.
@@ -91,8 +91,18 @@ class RunOutputs:
                                  ray_remote_args={"num_cpus": num_cpus})
         finally:
             context.checkpoint_config = None
-        new = set(target.glob("**/*.parquet")) - before
-        return sum(_parquet_rows(p) for p in new)
+        new = sorted(set(target.glob("**/*.parquet")) - before)
+        return Written(rows=sum(parquet_rows(p) for p in new), rows_before=sum(parquet_rows(p) for p in before),
+                       files=new)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What one write produced: rows and files of this run, and rows an interrupted run had written."""
+
+    rows: int
+    rows_before: int
+    files: list[Path]
 
 
 def has_checkpoint(folder: Path) -> bool:
@@ -104,7 +114,7 @@ def has_checkpoint(folder: Path) -> bool:
     return folder.is_dir() and any(not f.name.endswith(".pending.parquet") for f in folder.glob("*.parquet"))
 
 
-def _parquet_rows(path: Path) -> int:
+def parquet_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     return pq.ParquetFile(path).metadata.num_rows
@@ -153,36 +163,6 @@ def read_parts(folder: Path) -> pd.DataFrame:
     return pd.read_parquet(folder)
 
 
-@dataclass(frozen=True)
-class Results:
-    predictions: pd.DataFrame
-    errors: pd.DataFrame
-
-
-def collect_results(out: Path, processed: str, rejected: str, reason_column: str,
-                    predictions_name: str = PREDICTIONS) -> Results:
-    """Split Ray's parts into ``predictions_name`` and ``errors.parquet`` and return both.
-
-    ``processed`` rows carry an ``error`` column ("" on success); ``rejected`` rows carry
-    ``reason_column``. Errors get a ``stage`` ("rejected before the model" or "engine") and a ``reason``.
-    """
-    done = read_parts(out / PARTS / processed)
-    rejects = read_parts(out / PARTS / rejected)
-    if done.empty:
-        predictions, failed = done, done
-    else:
-        predictions = done[done["error"] == ""].drop(columns=["error"])
-        failed = done[done["error"] != ""].rename(columns={"error": "reason"}).assign(stage="engine")
-    if not rejects.empty:
-        rejects = rejects.rename(columns={reason_column: "reason"}).assign(stage="rejected before the model")
-    frames = [f for f in (rejects, failed) if not f.empty]
-    errors = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["stage", "reason"])
-    predictions, errors = predictions.reset_index(drop=True), errors.reset_index(drop=True)
-    predictions.to_parquet(out / predictions_name, index=False)
-    errors.to_parquet(out / ERRORS, index=False)
-    return Results(predictions=predictions, errors=errors)
-
-
 #: Columns every result row carries from the engine (what :func:`result_row` adds besides the
 #: task's own outputs), with the values an engine-error row gets.
 ENGINE_COLUMNS: dict[str, Any] = {"num_input_tokens": 0, "num_generated_tokens": 0, "request_digest": ""}
@@ -204,7 +184,7 @@ def request_digest(prompt_token_ids: Sequence[int] | None, params: str) -> str:
 def result_row(row: Mapping[str, Any], keep_columns: Sequence[str], **outputs: Any) -> dict[str, Any]:
     """A successful result row: the kept input columns, the task's outputs, the engine's token
     counts, the request's digest (:func:`request_digest`) and an empty ``error`` (the shape
-    :func:`make_error_row_aligner` gives failed rows)."""
+    ``helpers.pipeline.finish`` gives failed rows)."""
     return {
         **{c: row.get(c) for c in keep_columns},
         **outputs,
@@ -213,24 +193,3 @@ def result_row(row: Mapping[str, Any], keep_columns: Sequence[str], **outputs: A
         "request_digest": request_digest(row.get("prompt_token_ids"), str(row.get("params") or "")),
         "error": "",
     }
-
-
-def make_error_row_aligner(keep_columns: Sequence[str], output_defaults: Mapping[str, Any]):
-    """Give engine-error rows the columns successful rows have, so both land in one table.
-
-    With ``should_continue_on_error=True``, a row that fails in the engine skips ``postprocess``
-    and keeps its raw shape plus ``__inference_error__``. This keeps ``keep_columns``, fills the
-    task's outputs with ``output_defaults`` (e.g. ``{"caption": ""}``) and the engine's columns
-    with :data:`ENGINE_COLUMNS`, and moves the message to ``error``.
-    Successful rows (whose ``postprocess`` sets ``error`` to "") pass through.
-    """
-    keep = list(keep_columns)
-    defaults = {**output_defaults, **ENGINE_COLUMNS}
-
-    def align(row: dict[str, Any]) -> dict[str, Any]:
-        error = row.get("__inference_error__") or ""
-        if not error:
-            return {k: v for k, v in row.items() if k != "__inference_error__"}
-        return {**{c: row.get(c) for c in keep}, **defaults, "error": str(error)}
-
-    return align

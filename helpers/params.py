@@ -4,6 +4,7 @@ instead of minutes later inside a Ray worker."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from helpers import presets
@@ -106,3 +107,35 @@ def validate(problems: list[str]) -> None:
     """Raise :class:`ParameterError` listing every problem, or return quietly."""
     if problems:
         raise ParameterError("Invalid parameters:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One assignment of a notebook's ``parameters`` cell."""
+
+    name: str
+    value: Any
+    source: str  # the literal as written (a long list may span lines)
+    comment: str  # the comment on its first line
+
+
+def parse_cell(source: str) -> list[Parameter]:
+    """Read a ``parameters`` cell: ``NAME = literal  # comment``, a literal may span lines (a long
+    list), its comment on the first line. Raises ``ValueError`` naming anything else in the cell."""
+    import ast
+    import io
+    import tokenize
+
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens}
+    found = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"line {node.lineno}: only NAME = literal assignments belong in the parameters cell")
+        text = ast.get_source_segment(source, node.value) or ""
+        for t in tokens:  # comments inside a multi-line literal are not part of its value
+            text = text.replace(t.string, "")
+        text = " ".join(text.split()).replace("[ ", "[").replace(", ]", "]").replace(" ]", "]")
+        found.append(Parameter(node.targets[0].id, ast.literal_eval(node.value), text,
+                               comments.get(node.lineno, "")))
+    return found

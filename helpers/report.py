@@ -82,56 +82,105 @@ def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Ser
     return fig
 
 
-def throughput(rows: int, seconds: float, input_tokens: int, output_tokens: int) -> pd.Series:
-    """Rows per second and tokens per row and in total, as a small table."""
+def throughput(result) -> pd.Series:
+    """This run's throughput (a :class:`helpers.pipeline.RunResult`): rows per second end to end
+    (engine start included) and in steady state, and the tokens of the rows answered in this run
+    (a resumed run counts only its own rows)."""
+    t = result.throughput
+    rows = t.answered_rows
     return pd.Series({
-        "rows": rows,
-        "wall time (s)": round(seconds, 1),
-        "rows/s": round(rows / seconds, 2) if seconds else float("nan"),
-        "input tokens (total)": input_tokens,
-        "output tokens (total)": output_tokens,
-        "input tokens/row": round(input_tokens / rows, 1) if rows else float("nan"),
-        "output tokens/row": round(output_tokens / rows, 2) if rows else float("nan"),
-        "output tokens/s": round(output_tokens / seconds, 1) if seconds else float("nan"),
+        "rows written in this run": t.rows,
+        "wall time, engine start included (s)": round(t.seconds, 1),
+        "rows/s, end to end": round(t.end_to_end, 2),
+        "rows/s, steady state": round(t.steady, 2),
+        "input tokens/row": round(t.input_tokens / rows, 1) if rows else float("nan"),
+        "output tokens/row": round(t.output_tokens / rows, 2) if rows else float("nan"),
+        "output tokens/s, steady state": round(t.output_tokens / rows * t.steady, 1) if rows else float("nan"),
     })
 
 
-def _error_counts(errors: pd.DataFrame) -> tuple[int, int]:
-    """(rows rejected before the model, rows that failed in the engine) in an errors table."""
+def _error_counts(errors: pd.DataFrame) -> tuple[int, int, int]:
+    """Rows rejected before the model, failed in the engine, failed in ``postprocess``."""
     stages = errors["stage"].value_counts() if "stage" in errors else pd.Series(dtype=int)
-    return int(stages.get("rejected before the model", 0)), int(stages.get("engine", 0))
+    return (int(stages.get("rejected before the model", 0)), int(stages.get("engine", 0)),
+            int(stages.get("postprocess", 0)))
 
 
-def run_summary(*, rows_read: int, predictions: pd.DataFrame, errors: pd.DataFrame,
-                prediction_column: str, labels: Sequence[str]) -> dict:
-    """Row accounting for a run: every row read is classified, rejected or errored, exactly once."""
-    rejected, engine_errors = _error_counts(errors)
+def _accounting(result, answered: int, errors: pd.DataFrame, what: str) -> dict:
+    """The counts every run shares, and the checks behind "all ... accounted for"."""
+    rejected, engine_errors, postprocess_errors = _error_counts(errors)
+    failed = engine_errors + postprocess_errors
+    ids = pd.concat([result.answered.get("row_id", pd.Series(dtype=str)), errors.get("row_id", pd.Series(dtype=str))])
+    read = result.rows_read
+    return {
+        f"{what} read": read if read is not None else "not counted (Ray gave no count at the read)",
+        "rejected before the model": rejected,
+        "engine errors": engine_errors,
+        "postprocess errors": postprocess_errors,
+        f"all {what} accounted for": read is not None and answered + rejected + failed == read and ids.is_unique,
+        "row ids unique": bool(ids.is_unique),
+    }
+
+
+def run_summary(result, *, prediction_column: str, labels: Sequence[str]) -> dict:
+    """Row accounting for a classification run (a :class:`helpers.pipeline.RunResult`): every row
+    read (counted by Ray where rows enter the pipeline) is classified, rejected or errored, once."""
+    predictions = result.answered
+    base = _accounting(result, len(predictions), result.errors, "rows")
     unknown = sorted(set(predictions[prediction_column]) - set(labels)) if len(predictions) else []
     return {
-        "rows read": int(rows_read),
-        "rejected before the model": rejected,
-        "sent to the model": len(predictions) + engine_errors,
+        "rows read": base["rows read"],
+        "rejected before the model": base["rejected before the model"],
         "classified": len(predictions),
-        "engine errors": engine_errors,
-        "all rows accounted for": len(predictions) + rejected + engine_errors == rows_read,
+        "engine errors": base["engine errors"],
+        **({"postprocess errors": base["postprocess errors"]} if base["postprocess errors"] else {}),
+        "all rows accounted for": base["all rows accounted for"],
+        "row ids unique": base["row ids unique"],
         "every prediction is a label": not unknown,
         "predictions outside the labels": unknown,
     }
 
 
-def caption_summary(*, rows_read: int, captions: pd.DataFrame, errors: pd.DataFrame) -> dict:
-    """Row accounting for a captioning run: every image is captioned, rejected or errored, exactly once."""
-    rejected, engine_errors = _error_counts(errors)
-    ids = pd.concat([captions.get("row_id", pd.Series(dtype=str)), errors.get("row_id", pd.Series(dtype=str))])
+def caption_summary(result) -> dict:
+    """Row accounting for a captioning run: every image read is captioned, rejected or errored, once."""
+    captions = result.answered
+    base = _accounting(result, len(captions), result.errors, "images")
     return {
-        "images read": int(rows_read),
+        "images read": base["images read"],
         "captioned": len(captions),
-        "rejected before the model": rejected,
-        "engine errors": engine_errors,
-        "captioned + rejected + errors": len(captions) + rejected + engine_errors,
-        "all images accounted for": len(captions) + rejected + engine_errors == rows_read and ids.is_unique,
+        "rejected before the model": base["rejected before the model"],
+        "engine errors": base["engine errors"],
+        **({"postprocess errors": base["postprocess errors"]} if base["postprocess errors"] else {}),
+        "all images accounted for": base["all images accounted for"],
+        "row ids unique": base["row ids unique"],
+        "every rejected image has a reason": bool(result.errors["reason"].astype(str).str.len().gt(0).all())
+        if len(result.errors) else True,
         "empty captions": int((captions["caption"] == "").sum()) if len(captions) else 0,
     }
+
+
+#: Summary entries that hold whatever the data, labels or model (what a project's checked cell prints).
+INVARIANTS = ("all rows accounted for", "all images accounted for", "row ids unique", "every prediction is a label",
+              "every rejected image has a reason")
+
+
+def invariants(summary: dict) -> dict:
+    """The entries of ``summary`` that must be True for any data, labels and model."""
+    return {k: v for k, v in summary.items() if k in INVARIANTS}
+
+
+def save_summary(result, summary: dict, **extra) -> Path:
+    """Write ``summary`` to ``summary.json`` in the output folder, with this run's timings and
+    counts and any ``extra`` entries; return the file."""
+    import json
+
+    t = result.throughput
+    record = {**summary, "rows read in this run (Ray's count at the read)": result.rows_read_now,
+              "rows written in this run": result.rows_written_now, "pipeline seconds": round(t.seconds, 2),
+              "rows/s end to end": round(t.end_to_end, 3), "rows/s steady state": round(t.steady, 3), **extra}
+    path = result.root / "summary.json"
+    path.write_text(json.dumps(record, indent=2, default=str))
+    return path
 
 
 def format_summary(summary: dict) -> str:
@@ -147,9 +196,13 @@ def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None 
     ``items`` holds ``(image, title, caption)``; the image is an array or a Pillow image.
     """
     import textwrap
+    import warnings
 
     import matplotlib.pyplot as plt
     import numpy as np
+
+    # Untrained models emit characters no installed font has; one warning per glyph is noise.
+    warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
 
     rows = max(1, -(-len(items) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 4.0 * rows), squeeze=False)

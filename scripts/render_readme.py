@@ -21,16 +21,12 @@ BLOCK = re.compile(r"(<!-- params:(?P<name>\w+) -->\n)(?P<body>.*?)(<!-- /params
 
 
 def parameter_rows(notebook: Path) -> list[tuple[str, str, str]]:
-    """(name, default, comment) for each line of the notebook's parameters cell."""
+    """(name, default, comment) for each parameter of the notebook's parameters cell."""
     nb = nbformat.read(notebook, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    rows = []
-    for line in cell.source.splitlines():
-        if line.strip():
-            code, _, comment = line.partition("  # ")
-            name, _, value = code.partition(" = ")
-            rows.append((name.strip(), value.strip(), comment.strip()))
-    return rows
+    from helpers import params
+
+    return [(p.name, p.source, p.comment) for p in params.parse_cell(cell.source)]
 
 
 def table(notebook: Path) -> str:

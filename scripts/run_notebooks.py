@@ -30,17 +30,14 @@ def parse_value(text: str) -> object:
 
 def defaults(name: str) -> dict[str, object]:
     """The notebook's parameters and their default values, read from its ``parameters`` cell
-    (one ``NAME = literal  # comment`` per line)."""
+    (``NAME = literal  # comment``, see :func:`helpers.params.parse_cell`)."""
     import nbformat
+
+    from helpers import params
 
     nb = nbformat.read(NOTEBOOKS[name], as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    values = {}
-    for line in cell.source.splitlines():
-        if line.strip():
-            parameter, _, value = line.partition("  # ")[0].partition(" = ")
-            values[parameter.strip()] = ast.literal_eval(value.strip())
-    return values
+    return {p.name: p.value for p in params.parse_cell(cell.source)}
 
 
 def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | None = None) -> Path:

@@ -57,6 +57,8 @@ def test_pipeline_benchmark_pieces():
     bench = load_script("bench_pipeline", folder="benchmarks")
     table = bench.ratio_table(bench.Timing(100, 80, 60), bench.Timing(90, 70, 40), bench.Timing(50, 40, 30))
     assert "2.00x" in table and "1.75x" in table  # whole run 100/50; tuned pipeline 70/40
+    gpu = bench.ratio_table(bench.Timing(100, 80, 60), None, bench.Timing(50, 40, 30))
+    assert "raw+CPU" not in gpu and "2.00x" in gpu and gpu.splitlines()[-1].startswith("steady state")
 
 
 def test_pipeline_benchmark_inputs_are_distinct_and_well_formed(tmp_path):
@@ -83,7 +85,7 @@ def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
     status = bench.main(["--rows", "40", "--images", "3", "--workdir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "== text classification, 40 prompts" in out and "== image captioning, 3 images" in out
-    assert out.count("engine start excluded") == 2
+    assert out.count("steady state") == 2
     # Exact on both tasks and both raw runs: the same rows answered, the same requests sent.
     assert out.count("; the same ids") == 4, out
     assert out.count("requests identical (prompt tokens + sampling settings): 40 of 40") == 2, out

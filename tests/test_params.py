@@ -1,5 +1,3 @@
-import ast
-
 import nbformat
 import pytest
 
@@ -26,16 +24,29 @@ def test_text_defaults_are_valid_and_come_from_the_cpu_preset_without_a_gpu(repo
     assert presets.from_parameters("text", defaults, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0}).name == "auto (4xL4)"
 
 
-def test_parameters_are_literals_with_a_comment_each(repo):
+#: Parameter lines fit a notebook cell without scrolling sideways.
+MAX_LINE = 100
+
+
+def test_parameters_are_literals_with_a_comment_each_on_short_lines(repo):
     for path in sorted((repo / "notebooks").glob("*.ipynb")):
         cell, _ = notebook_defaults(repo, path.stem)
-        for line in cell.source.splitlines():
-            if not line.strip():
-                continue
-            code, _, comment = line.partition("  # ")
-            name, _, value = code.partition(" = ")
-            assert name.isupper() and comment.strip(), f"{path.name}: {line!r} needs NAME = literal  # comment"
-            ast.literal_eval(value)
+        found = params.parse_cell(cell.source)
+        assert len(found) == len({p.name for p in found}) >= 20
+        for p in found:
+            assert p.name.isupper() and p.comment, f"{path.name}: {p.name} needs NAME = literal  # comment"
+        long = [line for line in cell.source.splitlines() if len(line) > MAX_LINE]
+        assert not long, f"{path.name}: lines over {MAX_LINE} characters: {long}"
+
+
+def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
+    cell = 'A = 1  # one\nLABELS = [  # the labels\n    "x", "y",\n]\nB = None  # none'
+    assert [(p.name, p.value, p.source, p.comment) for p in params.parse_cell(cell)] == [
+        ("A", 1, "1", "one"), ("LABELS", ["x", "y"], '["x", "y"]', "the labels"), ("B", None, "None", "none")]
+    with pytest.raises(ValueError, match="only NAME = literal"):
+        params.parse_cell("import os")
+    with pytest.raises(ValueError):
+        params.parse_cell("A = os.getcwd()  # not a literal")
 
 
 @pytest.mark.parametrize("notebook, name, value, message", [

@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -27,20 +28,50 @@ def test_charts_are_written(tmp_path):
     assert (tmp_path / "cm.png").stat().st_size > 1000 and (tmp_path / "c.png").stat().st_size > 1000
 
 
-def test_throughput():
-    t = report.throughput(rows=100, seconds=50, input_tokens=5000, output_tokens=300)
-    assert t["rows/s"] == 2 and t["input tokens/row"] == 50 and t["output tokens/row"] == 3
+def result(answered, errors, read_now, written_before=0):
+    from helpers.pipeline import RunResult, Throughput
+
+    return RunResult(root=Path("."), answered=answered, errors=errors, rows_read_now=read_now,
+                     rows_written_now=len(answered) + len(errors) - written_before,
+                     rows_written_before=written_before,
+                     throughput=Throughput(rows=100, seconds=50, steady_rows=90, steady_seconds=10,
+                                           answered_rows=100, input_tokens=5000, output_tokens=300))
+
+
+def test_throughput_end_to_end_and_steady_state():
+    t = report.throughput(result(pd.DataFrame(), pd.DataFrame(), 0))
+    assert t["rows/s, end to end"] == 2 and t["rows/s, steady state"] == 9
+    assert t["input tokens/row"] == 50 and t["output tokens/row"] == 3 and t["output tokens/s, steady state"] == 27
 
 
 def test_run_summary_accounts_for_every_row():
-    predictions = pd.DataFrame({"p": ["A", "B"]})
-    errors = pd.DataFrame({"stage": ["rejected before the model", "engine"], "reason": ["empty value", "x"]})
-    s = report.run_summary(rows_read=4, predictions=predictions, errors=errors, prediction_column="p", labels=LABELS)
-    assert s["all rows accounted for"] and s["every prediction is a label"] and s["sent to the model"] == 3
-    bad = report.run_summary(rows_read=5, predictions=pd.DataFrame({"p": ["Z"]}), errors=errors,
+    predictions = pd.DataFrame({"row_id": ["1", "2"], "p": ["A", "B"]})
+    errors = pd.DataFrame({"row_id": ["3", "4"], "stage": ["rejected before the model", "engine"],
+                           "reason": ["empty value", "x"]})
+    s = report.run_summary(result(predictions, errors, 4), prediction_column="p", labels=LABELS)
+    assert s["all rows accounted for"] and s["every prediction is a label"] and s["engine errors"] == 1
+    resumed = report.run_summary(result(predictions, errors, 3, written_before=1), prediction_column="p", labels=LABELS)
+    assert resumed["rows read"] == 4 and resumed["all rows accounted for"]
+    bad = report.run_summary(result(pd.DataFrame({"row_id": ["9"], "p": ["Z"]}), errors, 5),
                              prediction_column="p", labels=LABELS)
     assert not bad["all rows accounted for"] and bad["predictions outside the labels"] == ["Z"]
+    twice = report.run_summary(result(pd.DataFrame({"row_id": ["3", "4"], "p": ["A", "A"]}), errors, 4),
+                               prediction_column="p", labels=LABELS)
+    assert not twice["all rows accounted for"] and not twice["row ids unique"]
+    uncounted = report.run_summary(result(predictions, errors, None), prediction_column="p", labels=LABELS)
+    assert not uncounted["all rows accounted for"] and uncounted["rows read"].startswith("not counted")
+    assert report.invariants(s) == {"all rows accounted for": True, "row ids unique": True,
+                                    "every prediction is a label": True}
     assert report.format_summary({"a": 1, "long name": 2}) == "a:         1\nlong name: 2"
+
+
+def test_caption_summary_and_its_invariants():
+    captions = pd.DataFrame({"row_id": ["1"], "caption": [""]})
+    errors = pd.DataFrame({"row_id": ["2", "3"], "stage": ["rejected before the model", "postprocess"],
+                           "reason": ["truncated file", "postprocess failed: KeyError: 'x'"]})
+    s = report.caption_summary(result(captions, errors, 3))
+    assert s["all images accounted for"] and s["postprocess errors"] == 1 and s["empty captions"] == 1
+    assert set(report.invariants(s)) == {"all images accounted for", "row ids unique", "every rejected image has a reason"}
 
 
 def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
@@ -115,27 +146,6 @@ def test_fingerprint_is_order_independent():
     assert outputs.fingerprint({"a": 1}) != outputs.fingerprint({"a": 2})
 
 
-def test_collect_results_splits_predictions_and_errors(tmp_path):
-    parts = tmp_path / outputs.PARTS
-    (parts / "classified").mkdir(parents=True)
-    (parts / "rejected").mkdir(parents=True)
-    pd.DataFrame({"row_id": ["1", "2"], "label": ["A", ""], "error": ["", "too long"]}).to_parquet(parts / "classified" / "a.parquet")
-    pd.DataFrame({"row_id": ["3"], "reject_reason": ["empty value"]}).to_parquet(parts / "rejected" / "b.parquet")
-    res = outputs.collect_results(tmp_path, "classified", "rejected", "reject_reason")
-    assert res.predictions["row_id"].tolist() == ["1"] and "error" not in res.predictions
-    assert sorted(res.errors["row_id"]) == ["2", "3"]
-    assert set(res.errors["stage"]) == {"engine", "rejected before the model"}
-    assert pd.read_parquet(tmp_path / outputs.ERRORS).shape[0] == 2
-    assert pd.read_parquet(tmp_path / outputs.PREDICTIONS).shape[0] == 1
-
-
-def test_collect_results_with_nothing_rejected(tmp_path):
-    (tmp_path / outputs.PARTS / "classified").mkdir(parents=True)
-    pd.DataFrame({"row_id": ["1"], "error": [""]}).to_parquet(tmp_path / outputs.PARTS / "classified" / "a.parquet")
-    res = outputs.collect_results(tmp_path, "classified", "rejected", "reject_reason")
-    assert len(res.predictions) == 1 and len(res.errors) == 0
-
-
 def test_checkpoint_filter_accepts_pandas_and_arrow_blocks():
     import numpy as np
     import pyarrow as pa
@@ -170,10 +180,9 @@ def test_request_digest_changes_with_the_prompt_or_a_setting_and_ignores_engine_
     assert outputs.request_digest([1, 2, 3], params.replace("'B'", "'C'")) != base
 
 
-def test_result_rows_and_engine_error_rows_share_the_engine_columns():
+def test_result_rows_carry_the_engine_columns():
     row = {"id": 1, "generated_text": "x", "num_input_tokens": 5, "num_generated_tokens": 2,
            "prompt_token_ids": [7, 8], "params": "SamplingParams(temperature=0.0)"}
     ok = outputs.result_row(row, ["id"], answer="x")
-    failed = outputs.make_error_row_aligner(["id"], {"answer": ""})({"id": 2, "__inference_error__": "boom"})
-    assert set(ok) == set(failed) == {"id", "answer", *outputs.ENGINE_COLUMNS, "error"}
-    assert ok["request_digest"] == outputs.request_digest([7, 8], row["params"]) and failed["request_digest"] == ""
+    assert set(ok) == {"id", "answer", *outputs.ENGINE_COLUMNS, "error"}
+    assert ok["request_digest"] == outputs.request_digest([7, 8], row["params"]) and ok["error"] == ""

@@ -73,13 +73,46 @@ def test_generated_project_is_complete_and_refers_to_nothing_outside(new_project
     for file in [*(project / "helpers").glob("*.py"), *(project / "tests").glob("*.py")]:
         assert new_project.helper_imports(file.read_text()) <= shipped, file
     assert "`helpers/presets.py`" in (project / "README.md").read_text()
+    # Every file the notebook's prose or the README names is in the project (no links into the kit).
+    for file in [project / "README.md", project / "notebooks" / f"{use_case}.ipynb"]:
+        for named in referenced_files(file.read_text()):
+            assert (project / named).exists() or (file.parent / named).exists(), f"{file.name} names {named}"
+
+
+FILE_REFERENCE = re.compile(r"(?:`|\]\()((?:\.\./)?[\w.-]+(?:/[\w.-]+)*\.(?:py|md|yaml|toml|txt|ipynb|csv|json))[`)]")
+
+
+def referenced_files(text: str) -> set[str]:
+    """Relative file paths a text names in backticks or markdown links (not URLs, not bare names)."""
+    return {m for m in FILE_REFERENCE.findall(text) if "/" in m or m in {"README.md", "job.yaml", "Makefile"}}
+
+
+def test_file_references_are_found():
+    text = "see `helpers/presets.py`, [the results](benchmarks/RESULTS.md), `job.yaml` and https://x.io/a.md"
+    assert referenced_files(text) == {"helpers/presets.py", "benchmarks/RESULTS.md", "job.yaml"}
 
 
 @pytest.mark.slow
 def test_text_project_runs_its_own_tests_and_notebook_offline(new_project, tmp_path):
     """The generated project's full suite: the kit's unit tests for its helpers, its notebook under
-    nbval, its job command (papermill) and its job.yaml, with the project's helpers first on the path."""
+    nbval, its job command (papermill) and its job.yaml, with the project's helpers first on the path;
+    after its user changed the labels and the sample data, as the first thing a new project does."""
+    import nbformat
+    import pandas as pd
+
     project = new_project.create("text_classification", tmp_path / "ticket-router", "ticket-router")
+    notebook = project / "notebooks" / "text_classification.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    [cell] = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    labels = ["Billing", "Bug report", "Feature request", "Other"]
+    start, end = cell.source.index("LABELS = ["), cell.source.index("]\n", cell.source.index("LABELS = ["))
+    cell.source = cell.source[:start] + f"LABELS = {labels!r}  # ticket types" + cell.source[end + 1:]
+    nbformat.write(nb, notebook)
+    tickets = ["I was charged twice", "The app crashes on start", "Please add dark mode", "Hello", "",
+               "Refund please", "Export to CSV fails", "Can you support SSO?", "Invoice is wrong", "Thanks!", "Login loop"]
+    pd.DataFrame({"Customer Id": [f"T{i}" for i in range(len(tickets))], "Company": tickets,
+                  "Industry": [labels[i % 4] for i in range(len(tickets))]}).to_csv(
+        project / "helpers" / "sample_data" / "customers.csv", index=False)
     env = {**os.environ, "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env,
                             capture_output=True, text=True, timeout=1800)

@@ -1,0 +1,307 @@
+"""The plumbing both notebooks share, one call per step: start Ray for a run, make any one row's
+failure a recorded reason, write everything in one pass, and account for every row.
+
+One pass: rows rejected before the model travel through the processor with it. Ray Data LLM lets a
+row that carries an error (its ``__inference_error__`` column, what ``should_continue_on_error``
+uses) bypass every stage and the user's ``postprocess``; :func:`guard_preprocess` gives a rejected
+row that error instead of a request, so it reaches the one write untouched, and the input is read
+once. :func:`finish` then gives every row the same columns and a ``stage`` ("" when answered).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from helpers import engine
+from helpers.data import REJECT_REASON
+from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, read_parts, result_row
+
+#: Ray Data LLM's per-row error column: a row with a non-empty value skips every stage.
+INFERENCE_ERROR = "__inference_error__"
+#: Where a row stopped: "" (answered), or one of the stages below.
+STAGE = "stage"
+REJECTED = "rejected before the model"
+ENGINE = "engine"
+POSTPROCESS = "postprocess"
+RESULTS = "results"  # the parts folder of the one write
+#: Set to 0 or 1 to turn Ray Data's progress reports off or on whatever :func:`interactive` says.
+PROGRESS_ENV = "LLM_KIT_PROGRESS"
+
+
+def interactive() -> bool:
+    """True when a person is stepping through the notebook in Jupyter (or IPython).
+
+    Headless executors (papermill, nbconvert, nbclient, and so a job) run the kernel with
+    ``allow_stdin=False``, as the Jupyter protocol lets a client that cannot answer ``input()``
+    say; a Jupyter frontend allows it. :data:`PROGRESS_ENV` overrides the guess.
+    """
+    forced = os.environ.get(PROGRESS_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return shell is not None  # a terminal IPython
+    return bool(getattr(kernel, "_allow_stdin", False))
+
+
+@dataclass(frozen=True)
+class Session:
+    """What :func:`start_ray` set up: the cluster's resources, the CPU budget, the engine's
+    environment (for the processor's ``runtime_env``) and whether progress is shown."""
+
+    cluster: dict[str, float]
+    budget: engine.CpuBudget
+    engine_env: dict[str, str]
+    threads_bind: str | None
+    progress: bool
+    #: The processor-config fields that place the engine (:func:`helpers.engine.engine_placement`).
+    placement: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return (f"Ray has {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
+                f"reserves {self.budget.reserved:g} CPUs for actors; engine cores: {self.threads_bind or 'chosen by vLLM'}; "
+                f"progress reports: {'on' if self.progress else 'off'}")
+
+
+def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: int, kv_cache_gib: float | None,
+              startup_timeout_s: int = 600, verbose: bool = False) -> Session:
+    """Start (or connect to) Ray for one run and fail fast if the run can never be scheduled.
+
+    The engine holds one CPU per replica and each light actor stage ``stage_cpus`` per replica; a
+    local Ray gets enough logical CPUs that short tasks never wait forever behind them
+    (:class:`helpers.engine.CpuBudget`). A single local CPU engine computes on every core
+    (:func:`helpers.engine.cpu_threads_bind`). Progress reports are on when a person steps through
+    the notebook (:func:`interactive`) or with ``verbose``, off in papermill runs and jobs.
+    """
+    replicas = engine.max_replicas(run_config.concurrency)
+    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=replicas, stage_cpus=stage_cpus,
+                              stage_actors=stage_actors_per_replica * replicas)
+    threads = engine.cpu_threads_bind(run_config.accelerator_type, replicas)
+    env = engine.engine_env(kv_cache_gib, threads_bind=threads)
+    progress = verbose or interactive()
+    cluster = engine.start_ray(budget, env, verbose=verbose, startup_timeout_s=startup_timeout_s, progress=progress)
+    engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
+    return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
+                   placement=engine.engine_placement(run_config.accelerator_type))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+
+
+def _failure(what: str, exc: BaseException) -> str:
+    return f"{what} failed: {type(exc).__name__}: {exc}"
+
+
+def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]], *,
+                     chat_template_of: str | None = None, trust_remote_code: bool = False):
+    """Wrap your ``preprocess`` for the processor so no single row can fail the run.
+
+    - A row with a ``reject_reason`` is not sent to the model: it gets that reason as its error and
+      skips every stage (see the module docstring).
+    - If your function raises on a row, that row is rejected with the exception as its reason.
+    - With ``chat_template_of`` (a model folder or hub id), ``messages`` your function returns are
+      turned into the finished ``prompt`` with that model's chat template, here in the same task:
+      the processor needs no chat-template stage (one actor and one hop per row fewer; the same
+      prompt text, which the benchmark checks token by token).
+    """
+
+    def wrapped(row: dict[str, Any]) -> dict[str, Any]:
+        reason = row.get(REJECT_REASON) or ""
+        if reason:
+            return {INFERENCE_ERROR: str(reason), STAGE: REJECTED}
+        try:
+            request = dict(preprocess(row))
+            if chat_template_of and "messages" in request:
+                request["prompt"] = _tokenizer(chat_template_of, trust_remote_code).apply_chat_template(
+                    request.pop("messages"), tokenize=False, add_generation_prompt=True)
+            # Every row sets the column: in a block where some rows have an error, a row without
+            # it would read as null, and Ray's stages treat anything but "" as an error.
+            return {**request, INFERENCE_ERROR: "", STAGE: ""}
+        except Exception as exc:  # one row's problem, never the run's
+            return {INFERENCE_ERROR: _failure("preprocess", exc), STAGE: REJECTED}
+
+    return wrapped
+
+
+def guard_postprocess(postprocess: Callable[[dict[str, Any]], Mapping[str, Any]], carry: Sequence[str]):
+    """Wrap your ``postprocess``: it returns only its own outputs (``{"caption": ...}``); the
+    wrapper adds the ``carry`` columns, the engine's token counts and the request's digest
+    (:func:`helpers.outputs.result_row`). If it raises on a row, that row becomes an error with
+    stage ``postprocess`` instead of failing the run."""
+    keep = list(carry)
+
+    def wrapped(row: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {**result_row(row, keep, **dict(postprocess(row))), STAGE: ""}
+        except Exception as exc:  # one row's problem, never the run's
+            return {**{c: row.get(c) for c in keep}, "error": _failure("postprocess", exc), STAGE: POSTPROCESS}
+
+    return wrapped
+
+
+def finish(table, *, carry: Sequence[str], outputs: Mapping[str, Any]):
+    """Give every row of a batch the same columns, in order: ``carry``, the task's ``outputs``
+    (their defaults on rows without an answer), the engine's columns, ``error`` and ``stage``.
+
+    Rows that skipped the engine or failed in it come out of the processor in their raw shape with
+    ``__inference_error__``; they get ``stage`` "rejected before the model" or "engine" and the
+    message as ``error``. Works on Arrow batches (``map_batches(batch_format="pyarrow")``): the
+    columns left behind (images, messages) are never converted.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = table.num_rows
+    names = set(table.column_names)
+
+    def text(name: str):
+        if name not in names:
+            return pa.array([""] * n, pa.string())
+        return pc.fill_null(table.column(name).cast(pa.string()), "")
+
+    failed = pc.not_equal(text(INFERENCE_ERROR), "")
+    stage = pc.if_else(failed, pc.if_else(pc.equal(text(STAGE), ""), ENGINE, text(STAGE)), text(STAGE))
+    error = pc.if_else(failed, text(INFERENCE_ERROR), text("error"))
+    columns: dict[str, Any] = {c: table.column(c) if c in names else pa.nulls(n) for c in carry}
+    for name, default in {**outputs, **ENGINE_COLUMNS}.items():
+        value = pa.scalar(default)
+        if name not in names or pa.types.is_null(table.column(name).type):
+            columns[name] = pa.array([default] * n, value.type)
+            continue
+        column = table.column(name).cast(value.type)
+        columns[name] = pc.if_else(failed, value, pc.fill_null(column, value))
+    columns["error"], columns[STAGE] = error, stage
+    return pa.table(columns)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Rows per second two ways: end to end (engine start included) and in steady state (from the
+    first written result file to the last; what a long run approaches)."""
+
+    rows: int  # rows written in this run (answered or not)
+    seconds: float  # the pipeline, engine start included
+    steady_rows: int  # rows written after the first result file
+    steady_seconds: float  # from the first result file to the last
+    answered_rows: int = 0  # rows the model answered in this run
+    input_tokens: int = 0  # their prompt tokens
+    output_tokens: int = 0  # their generated tokens
+
+    @property
+    def end_to_end(self) -> float:
+        return self.rows / self.seconds if self.seconds else float("nan")
+
+    @property
+    def steady(self) -> float:
+        return self.steady_rows / self.steady_seconds if self.steady_seconds > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's outcome: the tables a person opens and the counts behind the summary."""
+
+    root: Path
+    answered: pd.DataFrame  # rows the model answered (predictions or captions)
+    errors: pd.DataFrame  # rows rejected before the model or failed in it, with stage and reason
+    rows_read_now: int | None  # rows Ray's read produced in this run (None if Ray did not say)
+    rows_written_now: int  # rows this run wrote
+    rows_written_before: int  # rows an interrupted run had written (resumed runs)
+    throughput: Throughput
+    files: list[Path] = field(default_factory=list)  # the result files this run wrote
+    stats: str = ""  # Ray Data's execution statistics per operator
+
+    @property
+    def rows_read(self) -> int | None:
+        """Rows read over the whole run, resumed parts included: what Ray's read produced now plus
+        what an interrupted run had written. None when Ray did not count (then nothing is claimed)."""
+        return None if self.rows_read_now is None else self.rows_written_before + self.rows_read_now
+
+
+def _rows_out_of_read(ds) -> int | None:
+    """Rows the first operator (the read, with the steps fused into it) produced, from Ray Data's
+    execution statistics: a count taken where rows enter the pipeline, not from the output. The
+    statistics nest: each operator's inputs are in ``parents``. None when Ray gives no such count
+    (or the read is fused with the write, whose output is a row per file)."""
+    try:
+        summary, first = ds.get_stats_summary(), None
+        while summary is not None:  # down to the earliest operator (parents without operators skipped)
+            first = summary.operators_stats[0] if summary.operators_stats else first
+            summary = summary.parents[0] if summary.parents else None
+        if first is None or first.output_num_rows is None or "Write" in first.operator_name:
+            return None
+        return int(first.output_num_rows.sum)
+    except Exception:  # statistics are a developer API: without them the summary claims nothing
+        return None
+
+
+def _stats(ds) -> str:
+    try:
+        return ds.stats()
+    except Exception as exc:  # statistics never fail a run that finished
+        return f"(no statistics: {exc})"
+
+
+def _steady(files: list[Path]) -> tuple[int, float]:
+    """Rows written after the first result file, and the time from it to the last file."""
+    if len(files) < 2:
+        return 0, 0.0
+    from helpers.outputs import parquet_rows
+
+    ordered = sorted(files, key=lambda p: p.stat().st_mtime)
+    return (sum(parquet_rows(p) for p in ordered[1:]),
+            ordered[-1].stat().st_mtime - ordered[0].stat().st_mtime)
+
+
+def run(results, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str, Any], id_column: str | None,
+        stage_cpus: float, answered_name: str) -> RunResult:
+    """Run the pipeline once: every row, answered or not, is written in one pass to
+    ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
+    ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
+    """
+    started = time.perf_counter()
+    finished = results.map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
+                                   fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
+    written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
+    seconds = time.perf_counter() - started
+    answered, errors = collect(out.root, answered_name)
+    steady_rows, steady_seconds = _steady(written.files)
+    now = pd.concat([pd.read_parquet(f) for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
+    now = now[now[STAGE] == ""]
+    throughput = Throughput(written.rows, seconds, steady_rows, steady_seconds, answered_rows=len(now),
+                            input_tokens=int(now.get("num_input_tokens", pd.Series(dtype=int)).sum()),
+                            output_tokens=int(now.get("num_generated_tokens", pd.Series(dtype=int)).sum()))
+    return RunResult(
+        root=out.root, answered=answered, errors=errors, rows_read_now=_rows_out_of_read(finished),
+        rows_written_now=written.rows, rows_written_before=written.rows_before,
+        throughput=throughput, files=written.files, stats=_stats(finished),
+    )
+
+
+def collect(root: Path, answered_name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split the written rows into answered rows and errors; write both tables; return them."""
+    rows = read_parts(root / "parts" / RESULTS)
+    if rows.empty:
+        rows = pd.DataFrame(columns=["error", STAGE])
+    is_error = rows[STAGE] != ""
+    answered = rows[~is_error].drop(columns=["error", STAGE]).reset_index(drop=True)
+    errors = rows[is_error].rename(columns={"error": "reason"}).reset_index(drop=True)
+    answered.to_parquet(root / answered_name, index=False)
+    errors.to_parquet(root / ERRORS, index=False)
+    return answered, errors

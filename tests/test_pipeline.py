@@ -1,0 +1,172 @@
+"""The shared plumbing: one pass writes every row, no single row fails a run, counts come from Ray."""
+
+import os
+import time
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from helpers import outputs, pipeline
+from helpers.data import REJECT_REASON
+from helpers.pipeline import ENGINE, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE
+
+
+def request(row):
+    return {"messages": [{"role": "user", "content": row["text"]}], "sampling_params": {"max_tokens": 3}}
+
+
+def test_rejected_rows_skip_the_model_and_a_raising_preprocess_rejects_only_its_row():
+    guarded = pipeline.guard_preprocess(request)
+    assert guarded({"text": "", REJECT_REASON: "empty value"}) == {INFERENCE_ERROR: "empty value", STAGE: REJECTED}
+    ok = guarded({"text": "Acme", REJECT_REASON: ""})
+    assert ok["messages"][0]["content"] == "Acme" and ok[INFERENCE_ERROR] == "" and ok[STAGE] == ""
+    failed = guarded({REJECT_REASON: ""})  # no "text": the user's function raises KeyError
+    assert failed == {INFERENCE_ERROR: "preprocess failed: KeyError: 'text'", STAGE: REJECTED}
+
+
+def test_the_chat_template_is_applied_in_the_preprocess_task(smollm2_path):
+    from transformers import AutoTokenizer
+
+    row = {"text": "A & B <Ltd>", REJECT_REASON: ""}
+    out = pipeline.guard_preprocess(request, chat_template_of=str(smollm2_path))(row)
+    expected = AutoTokenizer.from_pretrained(smollm2_path).apply_chat_template(
+        request(row)["messages"], tokenize=False, add_generation_prompt=True)
+    assert out["prompt"] == expected and "messages" not in out
+
+
+def test_ray_llm_stages_bypass_only_the_rejected_rows_of_a_mixed_block():
+    # Rows of one block go through Arrow: a row that did not set the error column would read as null,
+    # which Ray's stages treat as an error. The guard sets "" on every row it lets through.
+    from ray.llm._internal.batch.stages.base import StatefulStageUDF
+
+    class Echo(StatefulStageUDF):
+        async def udf(self, rows):
+            for row in rows:
+                yield {self.IDX_IN_BATCH_COLUMN: row[self.IDX_IN_BATCH_COLUMN], "answered": True}
+
+    guarded = pipeline.guard_preprocess(request)
+    rows = [guarded({"text": "", REJECT_REASON: "empty value"}), guarded({"text": "Acme", REJECT_REASON: ""})]
+    block = pa.Table.from_pylist([{**r, "text": t} for r, t in zip(rows, ["", "Acme"])]).to_pylist()
+
+    async def run():
+        return [out async for out in Echo("__data")({"__data": block})]
+
+    import asyncio
+
+    [out] = asyncio.run(run())
+    rejected, answered = out["__data"]
+    assert "answered" not in rejected and rejected[INFERENCE_ERROR] == "empty value"
+    assert answered["answered"] is True
+
+
+def test_postprocess_keeps_the_carried_columns_and_a_raising_postprocess_fails_only_its_row():
+    guarded = pipeline.guard_postprocess(lambda r: {"label": r["generated_text"].strip()}, carry=["id"])
+    ok = guarded({"id": 1, "generated_text": " A ", "num_input_tokens": 9, "prompt_token_ids": [1], "params": "p"})
+    assert ok["id"] == 1 and ok["label"] == "A" and ok["num_input_tokens"] == 9 and ok[STAGE] == "" and ok["error"] == ""
+    failed = guarded({"id": 2})
+    assert failed == {"id": 2, "error": "postprocess failed: KeyError: 'generated_text'", STAGE: POSTPROCESS}
+
+
+def finished(rows):
+    table = pipeline.finish(pa.Table.from_pylist(rows), carry=["id"], outputs={"label": ""})
+    return table.column_names, table.to_pylist()
+
+
+def test_finish_gives_every_row_one_schema_and_its_stage():
+    columns, rows = finished([
+        {"id": 1, "label": "A", "num_input_tokens": 9, "num_generated_tokens": 1, "request_digest": "d",
+         "error": "", STAGE: "", INFERENCE_ERROR: "", "image": [1, 2]},
+        {"id": 2, INFERENCE_ERROR: "truncated file", STAGE: REJECTED},
+        {"id": 3, INFERENCE_ERROR: "VLLMValidationError: too long", STAGE: "", "prompt": "x" * 10},
+        {"id": 4, "error": "postprocess failed: KeyError: 'x'", STAGE: POSTPROCESS, INFERENCE_ERROR: ""},
+    ])
+    assert columns == ["id", "label", *outputs.ENGINE_COLUMNS, "error", STAGE]
+    assert [(r["id"], r[STAGE]) for r in rows] == [(1, ""), (2, REJECTED), (3, ENGINE), (4, POSTPROCESS)]
+    assert rows[0]["label"] == "A" and rows[0]["num_input_tokens"] == 9 and rows[0]["error"] == ""
+    assert rows[1] == {"id": 2, "label": "", "num_input_tokens": 0, "num_generated_tokens": 0,
+                       "request_digest": "", "error": "truncated file", STAGE: REJECTED}
+    assert rows[2]["error"].startswith("VLLMValidationError") and rows[2]["label"] == ""
+    # A batch of rejected rows only has none of the answer columns: they still come out, with defaults.
+    columns, rows = finished([{"id": 5, INFERENCE_ERROR: "empty value", STAGE: REJECTED}])
+    assert columns == ["id", "label", *outputs.ENGINE_COLUMNS, "error", STAGE] and rows[0]["num_input_tokens"] == 0
+
+
+def test_collect_splits_answered_rows_from_errors(tmp_path):
+    parts = tmp_path / outputs.PARTS / pipeline.RESULTS
+    parts.mkdir(parents=True)
+    pd.DataFrame({"row_id": ["1", "2", "3"], "label": ["A", "", ""], "error": ["", "too long", "empty value"],
+                  STAGE: ["", ENGINE, REJECTED]}).to_parquet(parts / "a.parquet")
+    answered, errors = pipeline.collect(tmp_path, "predictions.parquet")
+    assert answered["row_id"].tolist() == ["1"] and "error" not in answered and STAGE not in answered
+    assert errors["reason"].tolist() == ["too long", "empty value"]
+    assert len(pd.read_parquet(tmp_path / "predictions.parquet")) == 1 and len(pd.read_parquet(tmp_path / "errors.parquet")) == 2
+
+
+def test_steady_state_runs_from_the_first_result_file_to_the_last(tmp_path):
+    files = []
+    for i, rows in enumerate([10, 20, 30]):
+        path = tmp_path / f"{i}.parquet"
+        pd.DataFrame({"x": range(rows)}).to_parquet(path)
+        os.utime(path, (100 + 5 * i, 100 + 5 * i))
+        files.append(path)
+    assert pipeline._steady(files) == (50, 10.0)
+    assert pipeline._steady(files[:1]) == (0, 0.0)
+    t = pipeline.Throughput(rows=60, seconds=30, steady_rows=50, steady_seconds=10.0)
+    assert t.end_to_end == 2 and t.steady == 5
+
+
+class Kernel:
+    def __init__(self, allow_stdin):
+        self._allow_stdin = allow_stdin
+
+
+class Shell:
+    def __init__(self, allow_stdin):
+        self.kernel = Kernel(allow_stdin)
+
+
+def test_progress_shows_when_a_person_steps_through_not_under_papermill(monkeypatch):
+    import IPython
+
+    monkeypatch.delenv(pipeline.PROGRESS_ENV, raising=False)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell(allow_stdin=True))
+    assert pipeline.interactive()  # a Jupyter frontend lets the kernel ask for input
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell(allow_stdin=False))
+    assert not pipeline.interactive()  # papermill, nbclient, nbconvert --execute do not
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    assert not pipeline.interactive()  # plain Python
+    monkeypatch.setenv(pipeline.PROGRESS_ENV, "1")
+    assert pipeline.interactive()
+    monkeypatch.setenv(pipeline.PROGRESS_ENV, "0")
+    monkeypatch.setattr(IPython, "get_ipython", lambda: Shell(allow_stdin=True))
+    assert not pipeline.interactive()
+
+
+@pytest.mark.slow
+def test_one_pass_writes_every_row_once_and_counts_them_at_the_read(tmp_path):
+    import ray
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        csv = tmp_path / "in.csv"
+        pd.DataFrame({"id": [str(i) for i in range(50)], "text": ["x"] * 45 + [""] * 5}).to_csv(csv, index=False)
+        ds = ray.data.read_csv(str(csv), override_num_blocks=5).map_batches(
+            lambda b: b.assign(**{REJECT_REASON: ["" if t == "x" else "empty" for t in b["text"].fillna("")]}),
+            batch_format="pandas")
+        guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]})
+        answer = pipeline.guard_postprocess(lambda r: {"label": "A"}, carry=["id"])
+        results = ds.map(lambda r: {**r, **guarded(r)}).map(
+            lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
+            else {**answer(r), INFERENCE_ERROR: ""})
+        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+        started = time.perf_counter()
+        result = pipeline.run(results, out, carry=["id"], outputs={"label": ""}, id_column="id", stage_cpus=0.1,
+                              answered_name="predictions.parquet")
+        assert result.throughput.seconds <= time.perf_counter() - started
+        assert result.rows_read_now == 50 and result.rows_written_now == 50 and result.rows_read == 50
+        assert len(result.answered) == 45 and set(result.errors[STAGE]) == {REJECTED} and len(result.errors) == 5
+        assert result.throughput.answered_rows == 45 and "Write" in result.stats
+        assert not (out.root / outputs.PARTS / "rejected").exists()  # one write, one folder
+    finally:
+        ray.shutdown()
