@@ -10,7 +10,6 @@ once. :func:`finish` then gives every row the same columns and a ``stage`` ("" w
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -98,28 +97,22 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
                    placement=engine.engine_placement(run_config.accelerator_type))
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer(model: str, trust_remote_code: bool):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
-
-
 def _failure(what: str, exc: BaseException) -> str:
     return f"{what} failed: {type(exc).__name__}: {exc}"
 
 
-def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]], *,
-                     chat_template_of: str | None = None, trust_remote_code: bool = False):
+def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]]):
     """Wrap your ``preprocess`` for the processor so no single row can fail the run.
 
     - A row with a ``reject_reason`` is not sent to the model: it gets that reason as its error and
       skips every stage (see the module docstring).
     - If your function raises on a row, that row is rejected with the exception as its reason.
-    - With ``chat_template_of`` (a model folder or hub id), ``messages`` your function returns are
-      turned into the finished ``prompt`` with that model's chat template, here in the same task:
-      the processor needs no chat-template stage (one actor and one hop per row fewer; the same
-      prompt text, which the benchmark checks token by token).
+
+    It stays light on purpose: it runs in short tasks that Ray may spread over many worker
+    processes (160 on a 16-core machine with ``CPU_STAGE_CPUS=0.1``). Loading a tokenizer here, to
+    apply the chat template in the same task, made each of them import transformers: on an H100
+    machine, 131 workers grew to 55 GB and a 20,000-row run stalled. The processor's chat-template
+    stage loads it once per engine replica instead.
     """
 
     def wrapped(row: dict[str, Any]) -> dict[str, Any]:
@@ -128,9 +121,6 @@ def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]], 
             return {INFERENCE_ERROR: str(reason), STAGE: REJECTED}
         try:
             request = dict(preprocess(row))
-            if chat_template_of and "messages" in request:
-                request["prompt"] = _tokenizer(chat_template_of, trust_remote_code).apply_chat_template(
-                    request.pop("messages"), tokenize=False, add_generation_prompt=True)
             # Every row sets the column: in a block where some rows have an error, a row without
             # it would read as null, and Ray's stages treat anything but "" as an error.
             return {**request, INFERENCE_ERROR: "", STAGE: ""}

@@ -25,16 +25,6 @@ def test_rejected_rows_skip_the_model_and_a_raising_preprocess_rejects_only_its_
     assert failed == {INFERENCE_ERROR: "preprocess failed: KeyError: 'text'", STAGE: REJECTED}
 
 
-def test_the_chat_template_is_applied_in_the_preprocess_task(smollm2_path):
-    from transformers import AutoTokenizer
-
-    row = {"text": "A & B <Ltd>", REJECT_REASON: ""}
-    out = pipeline.guard_preprocess(request, chat_template_of=str(smollm2_path))(row)
-    expected = AutoTokenizer.from_pretrained(smollm2_path).apply_chat_template(
-        request(row)["messages"], tokenize=False, add_generation_prompt=True)
-    assert out["prompt"] == expected and "messages" not in out
-
-
 def test_ray_llm_stages_bypass_only_the_rejected_rows_of_a_mixed_block():
     # Rows of one block go through Arrow: a row that did not set the error column would read as null,
     # which Ray's stages treat as an error. The guard sets "" on every row it lets through.
