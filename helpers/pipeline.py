@@ -224,19 +224,33 @@ class RunResult:
         return None if self.rows_read_now is None else self.rows_written_before + self.rows_read_now
 
 
+_FILE_LISTING = {"ListFiles", "ReadFiles"}
+
+
 def _rows_out_of_read(ds) -> int | None:
-    """Rows the first operator (the read, with the steps fused into it) produced, from Ray Data's
-    execution statistics: a count taken where rows enter the pipeline, not from the output. The
-    statistics nest: each operator's inputs are in ``parents``. None when Ray gives no such count
-    (or the read is fused with the write, whose output is a row per file)."""
+    """Rows that entered the pipeline: what the first operator (the read, with the steps fused into
+    it) produced, or what a ``limit`` right after it let through. From Ray Data's execution
+    statistics: a count taken where rows enter, not from the output. The statistics nest (each
+    operator's inputs are in ``parents``). None when Ray gives no such count (or the read is fused
+    with the write, whose output is a row per file)."""
     try:
-        summary, first = ds.get_stats_summary(), None
+        chain, summary = [], ds.get_stats_summary()
         while summary is not None:  # down to the earliest operator (parents without operators skipped)
-            first = summary.operators_stats[0] if summary.operators_stats else first
+            chain = list(summary.operators_stats) + chain
             summary = summary.parents[0] if summary.parents else None
-        if first is None or first.output_num_rows is None or "Write" in first.operator_name:
+        # Ray's file-based reads start with operators that list and hand out files: their rows
+        # are files, not records.
+        chain = [op for op in chain if op.operator_name not in _FILE_LISTING]
+        if not chain:
             return None
-        return int(first.output_num_rows.sum)
+        entered = chain[0]
+        for op in chain[1:]:
+            if not op.operator_name.startswith("limit="):
+                break
+            entered = op
+        if entered.output_num_rows is None or "Write" in entered.operator_name:
+            return None
+        return int(entered.output_num_rows.sum)
     except Exception:  # statistics are a developer API: without them the summary claims nothing
         return None
 

@@ -106,6 +106,38 @@ def test_steady_state_runs_from_the_first_result_file_to_the_last(tmp_path):
     assert t.end_to_end == 2 and t.steady == 5
 
 
+class Op:
+    def __init__(self, name, rows):
+        self.operator_name, self.output_num_rows = name, (type("S", (), {"sum": rows})() if rows is not None else None)
+
+
+class Stats:
+    def __init__(self, ops, parents=()):
+        self.operators_stats, self.parents = ops, list(parents)
+
+
+class Executed:
+    def __init__(self, summary):
+        self.summary = summary
+
+    def get_stats_summary(self):
+        return self.summary
+
+
+def test_rows_are_counted_where_they_enter_the_pipeline_after_a_limit():
+    read = Stats([Op("ReadCSV->SplitBlocks(8)", 1000)])
+    limited = Stats([Op("MapBatches(add_row_ids)", 24)], [Stats([Op("limit=24", 24)], [read])])
+    top = Stats([Op("Map(_postprocess)->Write", 2)], [Stats([Op("MapBatches(vLLMEngineStageUDF)", 24)], [limited])])
+    assert pipeline._rows_out_of_read(Executed(top)) == 24
+    assert pipeline._rows_out_of_read(Executed(Stats([Op("Write", 1)], [Stats([], [read])]))) == 1000
+    assert pipeline._rows_out_of_read(Executed(Stats([Op("ReadCSV->Map->Write", 3)]))) is None
+    # Ray's file-based reads (parquet, image folders) list files first: those rows are files.
+    files = Stats([Op("ReadFilesParquetV2->MapBatches(_from_parquet)", 26)],
+                  [Stats([Op("ListFiles", 1)], [Stats([Op("ReadFiles", None)])])])
+    assert pipeline._rows_out_of_read(Executed(Stats([Op("Write", 1)], [files]))) == 26
+    assert pipeline._rows_out_of_read(object()) is None
+
+
 class Kernel:
     def __init__(self, allow_stdin):
         self._allow_stdin = allow_stdin
@@ -140,8 +172,8 @@ def test_one_pass_writes_every_row_once_and_counts_them_at_the_read(tmp_path):
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
     try:
         csv = tmp_path / "in.csv"
-        pd.DataFrame({"id": [str(i) for i in range(50)], "text": ["x"] * 45 + [""] * 5}).to_csv(csv, index=False)
-        ds = ray.data.read_csv(str(csv), override_num_blocks=5).map_batches(
+        pd.DataFrame({"id": [str(i) for i in range(60)], "text": ["x"] * 45 + [""] * 15}).to_csv(csv, index=False)
+        ds = ray.data.read_csv(str(csv), override_num_blocks=5).limit(50).map_batches(
             lambda b: b.assign(**{REJECT_REASON: ["" if t == "x" else "empty" for t in b["text"].fillna("")]}),
             batch_format="pandas")
         guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]})
