@@ -1,8 +1,9 @@
 """Output folders, resumable writes and the final result tables.
 
 Ray writes row-level parts under ``OUTPUT_DIR/parts/<name>/``; they become the tables a person
-opens: ``predictions.parquet`` (or ``captions.parquet``) and ``errors.parquet`` (rows rejected before the model, or that failed in the engine, with the reason);
-:mod:`helpers.pipeline` writes and collects them.
+opens: ``predictions.parquet`` (or ``captions.parquet``) and ``errors.parquet`` (rows rejected
+before the model, or that failed in the engine, with the reason); :mod:`helpers.pipeline` writes
+and collects them.
 
 Resuming uses Ray Data's own checkpointing: each write records the ids of the rows it wrote under
 ``OUTPUT_DIR/checkpoint/<name>/``; after a crash, the next run with the same settings skips those

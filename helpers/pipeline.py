@@ -284,9 +284,11 @@ def run(results, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str,
                                    fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
     written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
     seconds = time.perf_counter() - started
-    answered, errors = collect(out.root, answered_name)
+    # Each result file is read once: all of them make the tables, this run's make its throughput.
+    parts = {f: pd.read_parquet(f) for f in sorted((out.parts(RESULTS)).glob("**/*.parquet"))}
+    answered, errors = collect(out.root, answered_name, pd.concat(parts.values()) if parts else pd.DataFrame())
     steady_rows, steady_seconds = _steady(written.files)
-    now = pd.concat([pd.read_parquet(f) for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
+    now = pd.concat([parts[f] for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
     now = now[now[STAGE] == ""]
     throughput = Throughput(written.rows, seconds, steady_rows, steady_seconds, answered_rows=len(now),
                             input_tokens=int(now.get("num_input_tokens", pd.Series(dtype=int)).sum()),
@@ -298,9 +300,11 @@ def run(results, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str,
     )
 
 
-def collect(root: Path, answered_name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Split the written rows into answered rows and errors; write both tables; return them."""
-    rows = read_parts(root / "parts" / RESULTS)
+def collect(root: Path, answered_name: str, rows: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Split the written rows (``rows``, or read from the results folder) into answered rows and
+    errors; write both tables; return them."""
+    if rows is None:
+        rows = read_parts(root / "parts" / RESULTS)
     if rows.empty:
         rows = pd.DataFrame(columns=["error", STAGE])
     is_error = rows[STAGE] != ""
