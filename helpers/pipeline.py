@@ -101,12 +101,18 @@ def _failure(what: str, exc: BaseException) -> str:
     return f"{what} failed: {type(exc).__name__}: {exc}"
 
 
-def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]]):
+def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]], example: Mapping[str, Any]):
     """Wrap your ``preprocess`` for the processor so no single row can fail the run.
 
     - A row with a ``reject_reason`` is not sent to the model: it gets that reason as its error and
       skips every stage (see the module docstring).
     - If your function raises on a row, that row is rejected with the exception as its reason.
+    - Rejected rows carry the request your function makes for ``example`` (it is never sent), so
+      every row has the same request columns. Ray Data merges blocks column by column: in a batch
+      that joins a block of rejected rows only (a run of empty names, a block of broken images)
+      with other blocks, a missing request reads as nulls, its integer settings (``max_tokens``)
+      become floats, vLLM's engine refuses them in a thread of its own, and the run stalls for
+      good. ``example`` is also a first check: your function must handle it, or this raises.
 
     It stays light on purpose: it runs in short tasks that Ray may spread over many worker
     processes (160 on a 16-core machine with ``CPU_STAGE_CPUS=0.1``). Loading a tokenizer here, to
@@ -114,18 +120,23 @@ def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]]):
     machine, 131 workers grew to 55 GB and a 20,000-row run stalled. The processor's chat-template
     stage loads it once per engine replica instead.
     """
+    try:
+        stand_in = dict(preprocess(dict(example)))
+    except Exception as exc:
+        raise ValueError(f"your preprocess fails on the example row {dict(example)!r}: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
     def wrapped(row: dict[str, Any]) -> dict[str, Any]:
         reason = row.get(REJECT_REASON) or ""
         if reason:
-            return {INFERENCE_ERROR: str(reason), STAGE: REJECTED}
+            return {**stand_in, INFERENCE_ERROR: str(reason), STAGE: REJECTED}
         try:
             request = dict(preprocess(row))
             # Every row sets the column: in a block where some rows have an error, a row without
             # it would read as null, and Ray's stages treat anything but "" as an error.
             return {**request, INFERENCE_ERROR: "", STAGE: ""}
         except Exception as exc:  # one row's problem, never the run's
-            return {INFERENCE_ERROR: _failure("preprocess", exc), STAGE: REJECTED}
+            return {**stand_in, INFERENCE_ERROR: _failure("preprocess", exc), STAGE: REJECTED}
 
     return wrapped
 
@@ -210,7 +221,7 @@ class RunResult:
     root: Path
     answered: pd.DataFrame  # rows the model answered (predictions or captions)
     errors: pd.DataFrame  # rows rejected before the model or failed in it, with stage and reason
-    rows_read_now: int | None  # rows Ray's read produced in this run (None if Ray did not say)
+    rows_entered_now: int | None  # rows that entered the processor in this run (None: Ray did not say)
     rows_written_now: int  # rows this run wrote
     rows_written_before: int  # rows an interrupted run had written (resumed runs)
     throughput: Throughput
@@ -219,39 +230,39 @@ class RunResult:
 
     @property
     def rows_read(self) -> int | None:
-        """Rows read over the whole run, resumed parts included: what Ray's read produced now plus
+        """Rows read over the whole run, resumed parts included: what entered the processor now plus
         what an interrupted run had written. None when Ray did not count (then nothing is claimed)."""
-        return None if self.rows_read_now is None else self.rows_written_before + self.rows_read_now
+        return None if self.rows_entered_now is None else self.rows_written_before + self.rows_entered_now
 
 
-_FILE_LISTING = {"ListFiles", "ReadFiles"}
+def rows_entering(table):
+    """The rows entering the processor, unchanged. :func:`run` inserts this step right before the
+    processor so that Ray's execution statistics count, under this name, every row this run sends
+    in: after a ``LIMIT``, and without the rows an interrupted run finished (Ray's checkpoint filter
+    drops those after the read). A whole block per call (no re-batching) and zero-copy: Ray fuses it
+    into the step before it, so it costs nothing measurable."""
+    return table
 
 
-def _rows_out_of_read(ds) -> int | None:
-    """Rows that entered the pipeline: what the first operator (the read, with the steps fused into
-    it) produced, or what a ``limit`` right after it let through. From Ray Data's execution
-    statistics: a count taken where rows enter, not from the output. The statistics nest (each
-    operator's inputs are in ``parents``). None when Ray gives no such count (or the read is fused
-    with the write, whose output is a row per file)."""
+def _rows_entering(ds) -> int | None:
+    """Rows that entered the processor in this run: the output of the operator that holds
+    :func:`rows_entering`, from Ray Data's execution statistics (each operator's inputs are in
+    ``parents``); the steps fused after it in that operator map row to row. None when Ray gives no
+    such count (statistics are a developer API, or that operator also holds the write, whose output
+    is a row per file): then the summary claims nothing."""
+    marker = f"MapBatches({rows_entering.__name__})"
     try:
-        chain, summary = [], ds.get_stats_summary()
-        while summary is not None:  # down to the earliest operator (parents without operators skipped)
-            chain = list(summary.operators_stats) + chain
-            summary = summary.parents[0] if summary.parents else None
-        # Ray's file-based reads start with operators that list and hand out files: their rows
-        # are files, not records.
-        chain = [op for op in chain if op.operator_name not in _FILE_LISTING]
-        if not chain:
-            return None
-        entered = chain[0]
-        for op in chain[1:]:
-            if not op.operator_name.startswith("limit="):
-                break
-            entered = op
-        if entered.output_num_rows is None or "Write" in entered.operator_name:
-            return None
-        return int(entered.output_num_rows.sum)
-    except Exception:  # statistics are a developer API: without them the summary claims nothing
+        pending = [ds.get_stats_summary()]
+        while pending:
+            summary = pending.pop()
+            for op in summary.operators_stats:
+                if marker in op.operator_name:
+                    if op.output_num_rows is None or "Write" in op.operator_name:
+                        return None
+                    return int(op.output_num_rows.sum)
+            pending.extend(summary.parents)
+        return None
+    except Exception:  # statistics never fail a run that finished; without them nothing is claimed
         return None
 
 
@@ -273,14 +284,15 @@ def _steady(files: list[Path]) -> tuple[int, float]:
             ordered[-1].stat().st_mtime - ordered[0].stat().st_mtime)
 
 
-def run(results, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str, Any], id_column: str | None,
-        stage_cpus: float, answered_name: str) -> RunResult:
-    """Run the pipeline once: every row, answered or not, is written in one pass to
+def run(processor: Callable, ds, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str, Any],
+        id_column: str | None, stage_cpus: float, answered_name: str) -> RunResult:
+    """Run ``processor`` over ``ds`` once: every row, answered or not, is written in one pass to
     ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
     ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
     """
     started = time.perf_counter()
-    finished = results.map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
+    entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
+    finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                    fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
     written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
     seconds = time.perf_counter() - started
@@ -294,7 +306,7 @@ def run(results, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str,
                             input_tokens=int(now.get("num_input_tokens", pd.Series(dtype=int)).sum()),
                             output_tokens=int(now.get("num_generated_tokens", pd.Series(dtype=int)).sum()))
     return RunResult(
-        root=out.root, answered=answered, errors=errors, rows_read_now=_rows_out_of_read(finished),
+        root=out.root, answered=answered, errors=errors, rows_entered_now=_rows_entering(finished),
         rows_written_now=written.rows, rows_written_before=written.rows_before,
         throughput=throughput, files=written.files, stats=_stats(finished),
     )

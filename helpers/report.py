@@ -113,7 +113,7 @@ def _accounting(result, answered: int, errors: pd.DataFrame, what: str) -> dict:
     ids = pd.concat([result.answered.get("row_id", pd.Series(dtype=str)), errors.get("row_id", pd.Series(dtype=str))])
     read = result.rows_read
     return {
-        f"{what} read": read if read is not None else "not counted (Ray gave no count at the read)",
+        f"{what} read": read if read is not None else "not counted (Ray gave no count of the rows entering)",
         "rejected before the model": rejected,
         "engine errors": engine_errors,
         "postprocess errors": postprocess_errors,
@@ -159,6 +159,10 @@ def caption_summary(result) -> dict:
     }
 
 
+#: summary.json's count of rows that entered the processor in this run (after LIMIT, without rows
+#: an interrupted run finished), from Ray's statistics.
+ENTERED_NOW = "rows entering the pipeline in this run (Ray's count)"
+
 #: Summary entries that hold whatever the data, labels or model (what a project's checked cell prints).
 INVARIANTS = ("all rows accounted for", "all images accounted for", "row ids unique", "every prediction is a label",
               "every rejected image has a reason")
@@ -175,7 +179,7 @@ def save_summary(result, summary: dict, **extra) -> Path:
     import json
 
     t = result.throughput
-    record = {**summary, "rows read in this run (Ray's count at the read)": result.rows_read_now,
+    record = {**summary, ENTERED_NOW: result.rows_entered_now,
               "rows written in this run": result.rows_written_now, "pipeline seconds": round(t.seconds, 2),
               "rows/s end to end": round(t.end_to_end, 3), "rows/s steady state": round(t.steady, 3), **extra}
     path = result.root / "summary.json"

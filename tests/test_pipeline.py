@@ -16,13 +16,61 @@ def request(row):
     return {"messages": [{"role": "user", "content": row["text"]}], "sampling_params": {"max_tokens": 3}}
 
 
+EXAMPLE = {"text": "Walmart"}
+
+
 def test_rejected_rows_skip_the_model_and_a_raising_preprocess_rejects_only_its_row():
-    guarded = pipeline.guard_preprocess(request)
-    assert guarded({"text": "", REJECT_REASON: "empty value"}) == {INFERENCE_ERROR: "empty value", STAGE: REJECTED}
+    guarded = pipeline.guard_preprocess(request, EXAMPLE)
+    stand_in = request(EXAMPLE)  # what rejected rows carry, never sent: every row has the same columns
+    assert guarded({"text": "", REJECT_REASON: "empty value"}) == {**stand_in, INFERENCE_ERROR: "empty value",
+                                                                    STAGE: REJECTED}
     ok = guarded({"text": "Acme", REJECT_REASON: ""})
     assert ok["messages"][0]["content"] == "Acme" and ok[INFERENCE_ERROR] == "" and ok[STAGE] == ""
     failed = guarded({REJECT_REASON: ""})  # no "text": the user's function raises KeyError
-    assert failed == {INFERENCE_ERROR: "preprocess failed: KeyError: 'text'", STAGE: REJECTED}
+    assert failed == {**stand_in, INFERENCE_ERROR: "preprocess failed: KeyError: 'text'", STAGE: REJECTED}
+
+
+def test_a_preprocess_that_fails_on_the_example_is_reported_at_once():
+    with pytest.raises(ValueError, match="fails on the example row.*KeyError"):
+        pipeline.guard_preprocess(request, {"name": "Walmart"})
+
+
+@pytest.mark.slow
+def test_a_block_of_rejected_rows_keeps_integer_settings_integers(tmp_path):
+    # Ray Data joins blocks into an actor stage's batch column by column. A block holding rejected
+    # rows only, without a request, read as nulls there: every row's max_tokens became a float, which
+    # vLLM's engine refuses in its input thread, and the run stalled for good (8 rows, 8 blocks, an
+    # empty name). With the stand-in request every row keeps its integer.
+    import ray
+    from ray.llm._internal.batch.stages.base import wrap_preprocess
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        names = ["Walmart", "Pfizer", "", "Zillow", "Siemens", "", "", "Accenture"]
+        ds = ray.data.from_items([{"text": n, REJECT_REASON: "" if n else "empty value"} for n in names],
+                                 override_num_blocks=len(names))
+        def ask(row):  # defined here: Ray's workers cannot import this test module
+            return {"messages": [{"role": "user", "content": row["text"]}], "sampling_params": {"max_tokens": 3}}
+
+        first = wrap_preprocess(pipeline.guard_preprocess(ask, {"text": "Walmart"}), "__data")
+
+        class Stage:  # what each of Ray Data LLM's stages does with a batch: rows in, the same rows out
+            async def __call__(self, batch):
+                yield {"__data": list(batch["__data"])}
+
+        class Types:
+            def __call__(self, batch):
+                return {"text": [r["text"] for r in batch["__data"]],
+                        "max_tokens": [type(r["sampling_params"]["max_tokens"]).__name__ if r["sampling_params"]
+                                       else "missing" for r in batch["__data"]]}
+
+        pool = ray.data.ActorPoolStrategy(size=1)
+        rows = (ds.map(first).map_batches(Stage, batch_size=1, compute=pool, zero_copy_batch=True)
+                .map_batches(Types, batch_size=64, compute=pool, zero_copy_batch=True).take_all())
+        assert len(rows) == len(names)
+        assert {r["max_tokens"] for r in rows} == {"int"}  # without the stand-in: {"float", "missing"}
+    finally:
+        ray.shutdown()
 
 
 def test_ray_llm_stages_bypass_only_the_rejected_rows_of_a_mixed_block():
@@ -35,7 +83,7 @@ def test_ray_llm_stages_bypass_only_the_rejected_rows_of_a_mixed_block():
             for row in rows:
                 yield {self.IDX_IN_BATCH_COLUMN: row[self.IDX_IN_BATCH_COLUMN], "answered": True}
 
-    guarded = pipeline.guard_preprocess(request)
+    guarded = pipeline.guard_preprocess(request, EXAMPLE)
     rows = [guarded({"text": "", REJECT_REASON: "empty value"}), guarded({"text": "Acme", REJECT_REASON: ""})]
     block = pa.Table.from_pylist([{**r, "text": t} for r, t in zip(rows, ["", "Acme"])]).to_pylist()
 
@@ -124,18 +172,21 @@ class Executed:
         return self.summary
 
 
-def test_rows_are_counted_where_they_enter_the_pipeline_after_a_limit():
-    read = Stats([Op("ReadCSV->SplitBlocks(8)", 1000)])
-    limited = Stats([Op("MapBatches(add_row_ids)", 24)], [Stats([Op("limit=24", 24)], [read])])
-    top = Stats([Op("Map(_postprocess)->Write", 2)], [Stats([Op("MapBatches(vLLMEngineStageUDF)", 24)], [limited])])
-    assert pipeline._rows_out_of_read(Executed(top)) == 24
-    assert pipeline._rows_out_of_read(Executed(Stats([Op("Write", 1)], [Stats([], [read])]))) == 1000
-    assert pipeline._rows_out_of_read(Executed(Stats([Op("ReadCSV->Map->Write", 3)]))) is None
-    # Ray's file-based reads (parquet, image folders) list files first: those rows are files.
-    files = Stats([Op("ReadFilesParquetV2->MapBatches(_from_parquet)", 26)],
-                  [Stats([Op("ListFiles", 1)], [Stats([Op("ReadFiles", None)])])])
-    assert pipeline._rows_out_of_read(Executed(Stats([Op("Write", 1)], [files]))) == 26
-    assert pipeline._rows_out_of_read(object()) is None
+def test_rows_are_counted_where_they_enter_the_processor():
+    entering = f"MapBatches({pipeline.rows_entering.__name__})"
+    read = Stats([Op("ReadCSV->SplitBlocks(8)", 309)])
+    # A resumed run: Ray's checkpoint filter drops the rows an interrupted run finished.
+    filtered = Stats([Op("CheckpointFilter->SplitBlocks(8)", 301)], [read])
+    kit = Stats([Op(f"MapBatches(add_row_ids_and_rejects)->{entering}->Map(_preprocess)", 301)], [filtered])
+    top = Stats([Op("Map(_postprocess)->Write", 2)], [Stats([Op("MapBatches(vLLMEngineStageUDF)", 301)], [kit])])
+    assert pipeline._rows_entering(Executed(top)) == 301
+    limited = Stats([Op(f"{entering}->Map(_preprocess)", 24)], [Stats([Op("limit=24", 24)], [read])])
+    assert pipeline._rows_entering(Executed(Stats([Op("Write", 1)], [limited]))) == 24
+    # Fused with the write, the operator's output is a row per file; no marker, no count.
+    assert pipeline._rows_entering(Executed(Stats([Op(f"ReadCSV->{entering}->Write", 3)]))) is None
+    assert pipeline._rows_entering(Executed(Stats([Op("Write", 1)], [read]))) is None
+    assert pipeline._rows_entering(Executed(Stats([Op("Write", 1)], [Stats([Op(entering, None)])]))) is None
+    assert pipeline._rows_entering(object()) is None
 
 
 class Kernel:
@@ -166,7 +217,7 @@ def test_progress_shows_when_a_person_steps_through_not_under_papermill(monkeypa
 
 
 @pytest.mark.slow
-def test_one_pass_writes_every_row_once_and_counts_them_at_the_read(tmp_path):
+def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(tmp_path):
     import ray
 
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
@@ -176,17 +227,24 @@ def test_one_pass_writes_every_row_once_and_counts_them_at_the_read(tmp_path):
         ds = ray.data.read_csv(str(csv), override_num_blocks=5).limit(50).map_batches(
             lambda b: b.assign(**{REJECT_REASON: ["" if t == "x" else "empty" for t in b["text"].fillna("")]}),
             batch_format="pandas")
-        guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]})
+        guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
         answer = pipeline.guard_postprocess(lambda r: {"label": "A"}, carry=["id"])
-        results = ds.map(lambda r: {**r, **guarded(r)}).map(
-            lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
-            else {**answer(r), INFERENCE_ERROR: ""})
+
+        class Engine:  # an actor stage, as in the processor: it keeps the write apart from the steps before
+            def __call__(self, batch):
+                return batch
+
+        def processor(rows):
+            return rows.map(lambda r: {**r, **guarded(r)}).map_batches(Engine, concurrency=1).map(
+                lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
+                else {**answer(r), INFERENCE_ERROR: ""})
+
         out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
         started = time.perf_counter()
-        result = pipeline.run(results, out, carry=["id"], outputs={"label": ""}, id_column="id", stage_cpus=0.1,
-                              answered_name="predictions.parquet")
+        result = pipeline.run(processor, ds, out, carry=["id"], outputs={"label": ""}, id_column="id",
+                              stage_cpus=0.1, answered_name="predictions.parquet")
         assert result.throughput.seconds <= time.perf_counter() - started
-        assert result.rows_read_now == 50 and result.rows_written_now == 50 and result.rows_read == 50
+        assert result.rows_entered_now == 50 and result.rows_written_now == 50 and result.rows_read == 50
         assert len(result.answered) == 45 and set(result.errors[STAGE]) == {REJECTED} and len(result.errors) == 5
         assert result.throughput.answered_rows == 45 and "Write" in result.stats
         assert not (out.root / outputs.PARTS / "rejected").exists()  # one write, one folder

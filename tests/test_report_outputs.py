@@ -31,7 +31,7 @@ def test_charts_are_written(tmp_path):
 def result(answered, errors, read_now, written_before=0):
     from helpers.pipeline import RunResult, Throughput
 
-    return RunResult(root=Path("."), answered=answered, errors=errors, rows_read_now=read_now,
+    return RunResult(root=Path("."), answered=answered, errors=errors, rows_entered_now=read_now,
                      rows_written_now=len(answered) + len(errors) - written_before,
                      rows_written_before=written_before,
                      throughput=Throughput(rows=100, seconds=50, steady_rows=90, steady_seconds=10,

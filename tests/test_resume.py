@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from conftest import REPO, load_script
+from helpers import report
 
 
 def start(notebook: str, root: Path, params: dict) -> subprocess.Popen:
@@ -62,7 +63,7 @@ def test_text_run_resumes_after_kill_with_exact_once_rows(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"].startswith("resuming an interrupted run")
     assert summary["rows written in this run"] == 309 - len(done_before)
-    assert summary["rows read in this run (Ray's count at the read)"] == 309 - len(done_before)
+    assert summary[report.ENTERED_NOW] == 309 - len(done_before)
     assert summary["rows read"] == 309 and summary["all rows accounted for"]
     predictions = pd.read_parquet(out / "predictions.parquet")
     errors = pd.read_parquet(out / "errors.parquet")
@@ -98,7 +99,7 @@ def test_captioning_run_resumes_after_kill_with_exact_once_images(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"].startswith("resuming an interrupted run")
     assert summary["rows written in this run"] == len(shards) - len(done_before)
-    assert summary["rows read in this run (Ray's count at the read)"] == len(shards) - len(done_before)
+    assert summary[report.ENTERED_NOW] == len(shards) - len(done_before)
     assert summary["images read"] == len(shards) and summary["all images accounted for"]
     captions = pd.read_parquet(out / "captions.parquet")
     errors = pd.read_parquet(out / "errors.parquet")
