@@ -275,16 +275,49 @@ def names(task: str) -> list[str]:
     return ["auto", *sorted(n for n, p in PRESETS.items() if p.task == task)]
 
 
+#: A GPU run that will read at most this many rows skips ``torch.compile`` and CUDA-graph capture
+#: when ``ENFORCE_EAGER`` is None: they pay for themselves only over many rows (on the H100, 23 s of a
+#: 157 s captioning pipeline for the 24 bundled images; benchmarks/RESULTS.md).
+SHORT_RUN_ROWS = 1_000
+
+
+def known_rows(task: str, parameters: Mapping[str, Any]) -> int | None:
+    """Rows the run will read, when known before reading: the bundled sample's size
+    (``INPUT_PATH=None``), at most ``LIMIT``; None for your own data without a ``LIMIT``."""
+    limit = int(parameters["LIMIT"]) if parameters.get("LIMIT") else None
+    if parameters.get("INPUT_PATH") is not None:
+        return limit
+    if task == "text":
+        import pandas as pd
+
+        from helpers.data import sample_customers_path
+
+        sample = len(pd.read_csv(sample_customers_path()))
+    else:
+        from helpers.image_data import sample_files
+
+        sample = len(sample_files())
+    return min(sample, limit) if limit else sample
+
+
 def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mapping[str, Any] | None = None) -> Preset:
     """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
-    parameter that is not ``None`` on top of it, field by field."""
+    parameter that is not ``None`` on top of it, field by field. With ``ENFORCE_EAGER=None``, a GPU
+    run of at most :data:`SHORT_RUN_ROWS` known rows (:func:`known_rows`) runs eagerly."""
     from helpers.engine import concurrency_arg
 
     overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
                  if parameters.get(name) is not None}
     if "concurrency" in overrides:  # papermill and YAML turn a (min, max) pair into a list
         overrides["concurrency"] = concurrency_arg(overrides["concurrency"])
-    return select(parameters["PRESET"], task, cluster=cluster, **overrides)
+    preset = select(parameters["PRESET"], task, cluster=cluster, **overrides)
+    if preset.accelerator_type and not preset.enforce_eager and "enforce_eager" not in overrides:
+        rows = known_rows(task, parameters)
+        if rows is not None and rows <= SHORT_RUN_ROWS:
+            why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
+                   "capture, so the engine runs eagerly")
+            preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
+    return preset
 
 
 def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {path.stem: path for path in sorted((REPO / "notebooks").glob("*.ipynb"))}
+#: Seconds any one cell may run before the run fails (unset: no limit). The tests set it, so that a
+#: stalled run fails in minutes instead of holding CI until its own time limit.
+CELL_TIMEOUT_ENV = "LLM_KIT_CELL_TIMEOUT"
 
 
 def parse_value(text: str) -> object:
@@ -59,6 +63,7 @@ def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | Non
         papermill.execute_notebook(
             str(NOTEBOOKS[name]), str(executed), parameters=parameters,
             cwd=str(cwd or Path.cwd()), kernel_name="python3", progress_bar=False,
+            execution_timeout=int(os.environ[CELL_TIMEOUT_ENV]) if os.environ.get(CELL_TIMEOUT_ENV) else None,
         )
     finally:
         render_report(executed, out / f"{name}.html")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -10,6 +11,10 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A notebook cell that runs longer than this fails its test (scripts/run_notebooks.py): a stalled run
+# fails in minutes instead of holding CI. The longest cell here, a pipeline on 309 rows, takes ~2 min.
+os.environ.setdefault("LLM_KIT_CELL_TIMEOUT", "900")
 
 
 def load_script(name: str, folder: str = "scripts") -> ModuleType:

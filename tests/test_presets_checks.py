@@ -195,3 +195,22 @@ def test_settings_table_says_why():
     rows = {r["parameter"]: r for r in presets.describe(p, {"ACCELERATOR_TYPE": None, "CONCURRENCY": None})}
     assert rows["ACCELERATOR_TYPE"]["why"].startswith("detected 1 x H100")
     assert rows["CONCURRENCY"]["why"] and rows["max_num_seqs"]["why"]
+
+
+def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
+    base = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
+
+    def eager(task="text", **changes):
+        return presets.from_parameters(task, {**base, **changes}, cluster=h100).enforce_eager
+
+    sample = presets.from_parameters("text", base, cluster=h100)
+    why = {r["parameter"]: r["why"] for r in presets.describe(sample, base)}["ENFORCE_EAGER"]
+    assert sample.enforce_eager and why.startswith("309 rows (at most 1,000)")
+    assert eager("vision")  # the 24 bundled images
+    assert not eager(INPUT_PATH="s3://bucket/customers.csv")  # your data, size unknown: compile
+    assert eager(INPUT_PATH="s3://bucket/customers.csv", LIMIT=1_000) and not eager(INPUT_PATH="x.csv", LIMIT=1_001)
+    assert eager(LIMIT=50_000)  # the bundled sample is still 309 rows
+    assert not eager(ENFORCE_EAGER=False)  # yours wins
+    assert not presets.from_parameters("text", base, cluster={"CPU": 2.0}).reasons  # a CPU runs eagerly anyway
+    assert presets.from_parameters("text", base, cluster={"CPU": 2.0}).enforce_eager

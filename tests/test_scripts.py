@@ -1,3 +1,4 @@
+import time
 import subprocess
 from pathlib import Path
 import sys
@@ -102,3 +103,19 @@ def test_a_report_rendering_error_never_replaces_the_notebooks_outcome(tmp_path,
     assert calls == [str(tmp_path)]  # relative INPUT_PATHs are relative to where the command runs
     with pytest.raises(RuntimeError, match="the notebook's own failure"):
         runner.run("text_classification", tmp_path / "results", {"LIMIT": -1})
+
+
+def test_a_stalled_cell_fails_the_run_within_the_cell_timeout(tmp_path, monkeypatch):
+    runner = load_script("run_notebooks")
+    stalled = tmp_path / "stalled.ipynb"
+    parameters = nbformat.v4.new_code_cell("OUTPUT_DIR = None")
+    parameters.metadata["tags"] = ["parameters"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[parameters, nbformat.v4.new_code_cell(
+        "import time\ntime.sleep(600)")], metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                                   "display_name": "Python 3"}}), stalled)
+    monkeypatch.setitem(runner.NOTEBOOKS, "stalled", stalled)
+    monkeypatch.setenv(runner.CELL_TIMEOUT_ENV, "3")
+    started = time.monotonic()
+    with pytest.raises(Exception, match="timed out"):  # nbclient's CellTimeoutError
+        runner.run("stalled", tmp_path / "results", {})
+    assert time.monotonic() - started < 120
