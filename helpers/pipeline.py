@@ -11,8 +11,11 @@ once. :func:`finish` then gives every row the same columns and a ``stage`` ("" w
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,8 @@ class Session:
     progress: bool
     #: The processor-config fields that place the engine (:func:`helpers.engine.engine_placement`).
     placement: dict[str, Any] = field(default_factory=dict)
+    stage_cpus: float = 0.1  # Ray CPUs each light stage holds (read, prompts, write)
+    startup_timeout_s: float | None = 600  # the first results must be written within this (None: no limit)
 
     def describe(self) -> str:
         return (f"Ray has {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
@@ -91,10 +96,11 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     threads = engine.cpu_threads_bind(run_config.accelerator_type, replicas)
     env = engine.engine_env(kv_cache_gib, threads_bind=threads)
     progress = verbose or interactive()
-    cluster = engine.start_ray(budget, env, verbose=verbose, startup_timeout_s=startup_timeout_s, progress=progress)
+    cluster = engine.start_ray(budget, env, verbose=verbose, progress=progress)
     engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
     return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
-                   placement=engine.engine_placement(run_config.accelerator_type))
+                   placement=engine.engine_placement(run_config.accelerator_type), stage_cpus=stage_cpus,
+                   startup_timeout_s=startup_timeout_s)
 
 
 def _failure(what: str, exc: BaseException) -> str:
@@ -284,17 +290,63 @@ def _steady(files: list[Path]) -> tuple[int, float]:
             ordered[-1].stat().st_mtime - ordered[0].stat().st_mtime)
 
 
-def run(processor: Callable, ds, out: RunOutputs, *, carry: Sequence[str], outputs: Mapping[str, Any],
-        id_column: str | None, stage_cpus: float, answered_name: str) -> RunResult:
+def _written_since(folder: Path, since: float) -> bool:
+    return any(f.stat().st_mtime >= since for f in folder.glob("**/*.parquet")) if folder.exists() else False
+
+
+@contextmanager
+def first_results_within(folder: Path, seconds: float | None) -> Iterator[None]:
+    """Stop the code inside (with a ``TimeoutError``) if no result file appears in ``folder``
+    within ``seconds``: engine replicas that cannot start (too few GPUs on a cluster, an engine stuck
+    in its start) would otherwise keep a run waiting forever. The first file comes after the engine
+    started and one batch went through, so give big models room. It interrupts the run as Ctrl-C
+    (or Jupyter's interrupt) does, so only on the main thread; ``None`` or 0: no limit."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    since, done, fired = time.time() - 1, threading.Event(), threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + seconds
+        while not done.wait(1.0):
+            if _written_since(folder, since):
+                return
+            if time.monotonic() > deadline and not done.is_set():
+                fired.set()
+                os.kill(os.getpid(), signal.SIGINT)  # a real signal also wakes blocking waits
+                return
+
+    threading.Thread(target=watch, daemon=True, name="first-results-watchdog").start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        if fired.is_set():
+            raise TimeoutError(
+                f"no results were written within STARTUP_TIMEOUT_S={seconds:g} s: the engine did not start, or "
+                "its first batch took longer. Ray's logs say why (on this machine: /tmp/ray/session_latest/logs); "
+                "for a big model, raise STARTUP_TIMEOUT_S.") from None
+        raise
+    finally:
+        done.set()
+
+
+def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
+        outputs: Mapping[str, Any], id_column: str | None, answered_name: str) -> RunResult:
     """Run ``processor`` over ``ds`` once: every row, answered or not, is written in one pass to
     ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
     ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
+
+    Ray Data starts every stage's actors at once (the engine's start overlaps the light stages');
+    if no result is written within ``session.startup_timeout_s``, the run stops with a
+    ``TimeoutError`` instead of waiting forever (:func:`first_results_within`).
     """
+    stage_cpus = session.stage_cpus
     started = time.perf_counter()
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                    fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
-    written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
+    with first_results_within(out.parts(RESULTS), session.startup_timeout_s):
+        written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: pd.read_parquet(f) for f in sorted((out.parts(RESULTS)).glob("**/*.parquet"))}

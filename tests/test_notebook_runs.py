@@ -145,3 +145,13 @@ def test_unschedulable_request_fails_fast_instead_of_hanging(runner, tmp_path):
     assert "cannot be scheduled and would wait forever" in str(err.value)
     assert "need 1 GPUs, but the cluster has 0" in str(err.value)
     assert time.monotonic() - started < 180
+
+
+@pytest.mark.slow
+def test_an_engine_that_does_not_start_in_time_stops_the_run(runner, tmp_path):
+    # 10 s is less than the CPU engine needs to start: the run must stop, not wait.
+    started = time.monotonic()
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "results", {"STARTUP_TIMEOUT_S": 10, "LIMIT": 5})
+    assert "TimeoutError" in str(err.value) and "no results were written within STARTUP_TIMEOUT_S=10 s" in str(err.value)
+    assert time.monotonic() - started < 240

@@ -104,3 +104,12 @@ def test_caption_defaults_are_valid(repo):
     assert presets.from_parameters("vision", defaults, cluster={"CPU": 2.0}).model_source == "offline"
     assert defaults["MAX_PIXELS"] > 0
 
+
+
+def test_papermill_reads_every_parameter(repo):
+    # papermill skips (with a warning) a parameter line holding a second "=", even in its comment.
+    import papermill
+
+    for path in sorted((repo / "notebooks").glob("*.ipynb")):
+        cell, _ = notebook_defaults(repo, path.stem)
+        assert set(papermill.inspect_notebook(str(path))) == {p.name for p in params.parse_cell(cell.source)}

@@ -241,8 +241,10 @@ def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(tmp_pat
 
         out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
         started = time.perf_counter()
-        result = pipeline.run(processor, ds, out, carry=["id"], outputs={"label": ""}, id_column="id",
-                              stage_cpus=0.1, answered_name="predictions.parquet")
+        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                                   stage_cpus=0.1, startup_timeout_s=120)
+        result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": ""}, id_column="id",
+                              answered_name="predictions.parquet")
         assert result.throughput.seconds <= time.perf_counter() - started
         assert result.rows_entered_now == 50 and result.rows_written_now == 50 and result.rows_read == 50
         assert len(result.answered) == 45 and set(result.errors[STAGE]) == {REJECTED} and len(result.errors) == 5
@@ -250,3 +252,23 @@ def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(tmp_pat
         assert not (out.root / outputs.PARTS / "rejected").exists()  # one write, one folder
     finally:
         ray.shutdown()
+
+
+def test_a_run_that_writes_nothing_stops_after_the_startup_timeout(tmp_path):
+    folder = tmp_path / "parts"
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no results were written within STARTUP_TIMEOUT_S=2 s"):
+        with pipeline.first_results_within(folder, 2):
+            time.sleep(60)  # an engine that never starts
+    assert time.monotonic() - started < 10
+
+
+def test_the_startup_timeout_ends_with_the_first_result_file(tmp_path):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    with pipeline.first_results_within(folder, 2):
+        pd.DataFrame({"x": [1]}).to_parquet(folder / "a.parquet")  # the first results
+        time.sleep(4)  # the rest of a long run
+    with pytest.raises(KeyboardInterrupt):  # a person's Ctrl-C stays a Ctrl-C
+        with pipeline.first_results_within(folder, 60):
+            raise KeyboardInterrupt
