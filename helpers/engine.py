@@ -109,11 +109,13 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     Ray Data's progress reports on or off on their own: outside a terminal Ray logs them as a
     short table every 10 seconds.
 
-    Ray Data starts every stage's actors at once (``wait_for_min_actors_s=-1``). A positive value
-    makes each actor pool wait for its actors in turn, which put the stages' starts end to end: on
-    the H100, 36 s for the multimodal stage, 13 s for the chat template, then 79 s for the engine,
-    128 s before the first row where the engine alone needs 79 s.
-    :func:`helpers.pipeline.first_results_within` bounds the wait instead.
+    Ray Data's default starts every stage's actors at once, and the kit keeps it. A positive
+    ``wait_for_min_actors_s`` (the kit set one up to 2026-11-22, to bound the start) makes each
+    actor pool wait for its actors before the next operator starts: on the H100 that put 36 s for
+    the multimodal stage and 13 s for the chat template before the engine's 79 s.
+    :func:`helpers.pipeline.first_results_within` bounds the wait instead;
+    ``benchmarks/bench_startup.py`` measures both ways (Ray reads its default from
+    ``RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S``).
     """
     import logging
 
@@ -122,7 +124,6 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     context = ray.data.DataContext.get_current()
     progress = verbose if progress is None else progress
     context.enable_progress_bars = progress
-    context.wait_for_min_actors_s = -1  # every actor pool starts at once; see the docstring
     if not verbose:  # the memory-use hints repeat every 30 s for the tokenizer stages' ~0.5 GB
         context.issue_detectors_config.detectors = []
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)

@@ -92,3 +92,26 @@ def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
     assert out.count("requests identical (prompt tokens + sampling settings): 3 of 3") == 2, out
     # Answers: a rate with a threshold (batch-dependent numerics may flip a few; see bench.Agreement).
     assert status == 0, out
+
+
+def test_startup_benchmark_runs_the_baseline_with_ray_waiting_for_each_pool(tmp_path, monkeypatch, capsys):
+    import json
+    import subprocess
+
+    bench = load_script("bench_startup", folder="benchmarks")
+    seen = []
+
+    def fake_run(cmd, env, check, stdout):  # the notebook run: record its setting, write its summary
+        out = tmp_path / cmd[cmd.index("--out") + 1] / "vlm_captioning"
+        out.mkdir(parents=True)
+        waits = env.get("RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S")
+        seen.append(waits)
+        (out / "summary.json").write_text(json.dumps({"images read": 24, "all images accounted for": True,
+                                                       "pipeline seconds": 150.0 if waits else 100.0}))
+
+    monkeypatch.delenv("RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S", raising=False)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert bench.main(["--workdir", str(tmp_path)]) == 0
+    assert seen == ["600", None]  # the baseline waits for each pool in turn; the kit runs Ray's default
+    out = capsys.readouterr().out
+    assert "24 read, all accounted for: True" in out and "1.50x" in out

@@ -87,3 +87,16 @@ def test_job_env_vars_are_left_to_the_job(monkeypatch):
     assert "HF_HUB_OFFLINE" not in engine.engine_env(1)  # the job sets it; setting it again is refused
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "not json")
     assert engine.job_env_vars() == {}
+
+
+def test_every_actor_pool_starts_at_once(monkeypatch):
+    # A positive wait_for_min_actors_s makes Ray Data start the stages' actor pools one after the
+    # other: on the H100, 49 s of light stages before the engine could start.
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=1, stage_cpus=0.1, stage_actors=2)
+    assert engine.start_ray(budget, {}) == {"CPU": 2.0}
+    assert ray.data.DataContext.get_current().wait_for_min_actors_s <= 0
