@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+#: Rows in the bundled sample (a test checks it against the file).
+SAMPLE_ROWS = 309
 #: Column the text pipeline adds: the stable id of each input row.
 ROW_ID = "row_id"
 #: Column the text pipeline adds: why a row was not sent to the model ("" when it was).

@@ -210,6 +210,8 @@ def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = T
 # --- the bundled sample set -------------------------------------------------------------------
 
 #: scikit-image's bundled photos used for the sample (all public domain or CC0, see skimage.data).
+#: Images in the bundled sample corpus, broken ones included (a test checks it against the corpus).
+SAMPLE_IMAGES = 24
 SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field",
                  "immunohistochemistry", "page", "coins", "horse", "retina", "moon")
 

@@ -201,16 +201,27 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
     base = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
 
-    def eager(task="text", **changes):
-        return presets.from_parameters(task, {**base, **changes}, cluster=h100).enforce_eager
+    def eager(task="text", sample_rows=309, **changes):
+        return presets.from_parameters(task, {**base, **changes}, cluster=h100, sample_rows=sample_rows).enforce_eager
 
-    sample = presets.from_parameters("text", base, cluster=h100)
+    sample = presets.from_parameters("text", base, cluster=h100, sample_rows=309)
     why = {r["parameter"]: r["why"] for r in presets.describe(sample, base)}["ENFORCE_EAGER"]
     assert sample.enforce_eager and why.startswith("309 rows (at most 1,000)")
-    assert eager("vision")  # the 24 bundled images
+    assert eager("vision", sample_rows=24)  # the bundled images
+    assert not eager(sample_rows=5_000)  # a bigger sample compiles
     assert not eager(INPUT_PATH="s3://bucket/customers.csv")  # your data, size unknown: compile
     assert eager(INPUT_PATH="s3://bucket/customers.csv", LIMIT=1_000) and not eager(INPUT_PATH="x.csv", LIMIT=1_001)
     assert eager(LIMIT=50_000)  # the bundled sample is still 309 rows
     assert not eager(ENFORCE_EAGER=False)  # yours wins
-    assert not presets.from_parameters("text", base, cluster={"CPU": 2.0}).reasons  # a CPU runs eagerly anyway
-    assert presets.from_parameters("text", base, cluster={"CPU": 2.0}).enforce_eager
+    assert not presets.from_parameters("text", base, cluster=h100).enforce_eager  # no sample size given: unknown
+    cpu = presets.from_parameters("text", base, cluster={"CPU": 2.0}, sample_rows=309)
+    assert cpu.enforce_eager and not cpu.reasons  # a CPU runs eagerly anyway
+
+
+def test_the_bundled_samples_are_the_sizes_the_rule_counts():
+    import pandas as pd
+
+    from helpers import data, image_data
+
+    assert len(pd.read_csv(data.sample_customers_path())) == data.SAMPLE_ROWS
+    assert len(image_data.sample_files()) == image_data.SAMPLE_IMAGES
