@@ -210,8 +210,6 @@ def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = T
 # --- the bundled sample set -------------------------------------------------------------------
 
 #: scikit-image's bundled photos used for the sample (all public domain or CC0, see skimage.data).
-#: Images in the bundled sample corpus, broken ones included (a test checks it against the corpus).
-SAMPLE_IMAGES = 24
 SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field",
                  "immunohistochemistry", "page", "coins", "horse", "retina", "moon")
 
@@ -233,6 +231,11 @@ def _jpeg(array: np.ndarray, **kwargs: Any) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, "JPEG", quality=90, **kwargs)
     return buffer.getvalue()
+
+
+def sample_size() -> int:
+    """Images in the bundled sample corpus, broken ones included (builds it: about a second)."""
+    return len(sample_files())
 
 
 def sample_files() -> dict[str, bytes]:

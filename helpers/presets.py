@@ -9,7 +9,7 @@ new one, and an unknown field is an error that lists the valid ones.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,21 +281,22 @@ def names(task: str) -> list[str]:
 SHORT_RUN_ROWS = 1_000
 
 
-def known_rows(parameters: Mapping[str, Any], sample_rows: int | None) -> int | None:
-    """Rows the run will read, when known before reading: ``sample_rows`` (the bundled sample's
-    size) when ``INPUT_PATH`` is None, at most ``LIMIT``; None for your own data without a ``LIMIT``."""
+def known_rows(parameters: Mapping[str, Any], sample_size: Callable[[], int] | None) -> int | None:
+    """Rows the run will read, when known before reading: the bundled sample's size
+    (``sample_size()``) when ``INPUT_PATH`` is None, at most ``LIMIT``; None for your own data
+    without a ``LIMIT``."""
     limit = int(parameters["LIMIT"]) if parameters.get("LIMIT") else None
-    sample = sample_rows if parameters.get("INPUT_PATH") is None else None
+    sample = sample_size() if sample_size is not None and parameters.get("INPUT_PATH") is None else None
     known = [n for n in (sample, limit) if n is not None]
     return min(known) if known else None
 
 
 def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mapping[str, Any] | None = None,
-                    sample_rows: int | None = None) -> Preset:
+                    sample_size: Callable[[], int] | None = None) -> Preset:
     """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
     parameter that is not ``None`` on top of it, field by field. With ``ENFORCE_EAGER=None``, a GPU
-    run of at most :data:`SHORT_RUN_ROWS` known rows (:func:`known_rows`; ``sample_rows`` is the
-    size of the bundled sample) runs eagerly."""
+    run of at most :data:`SHORT_RUN_ROWS` known rows (:func:`known_rows`; ``sample_size`` counts
+    the bundled sample, called only then) runs eagerly."""
     from helpers.engine import concurrency_arg
 
     overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
@@ -304,7 +305,7 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
         overrides["concurrency"] = concurrency_arg(overrides["concurrency"])
     preset = select(parameters["PRESET"], task, cluster=cluster, **overrides)
     if preset.accelerator_type and not preset.enforce_eager and "enforce_eager" not in overrides:
-        rows = known_rows(parameters, sample_rows)
+        rows = known_rows(parameters, sample_size)
         if rows is not None and rows <= SHORT_RUN_ROWS:
             why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
                    "capture, so the engine runs eagerly")
