@@ -294,17 +294,31 @@ def _written_since(folder: Path, since: float) -> bool:
     return any(f.stat().st_mtime >= since for f in folder.glob("**/*.parquet")) if folder.exists() else False
 
 
+class _NoResultsInTime(KeyboardInterrupt):
+    """Raised in the main thread by :func:`first_results_within`'s watchdog. A KeyboardInterrupt,
+    so that Ray Data stops the run as it does for Ctrl-C."""
+
+
 @contextmanager
 def first_results_within(folder: Path, seconds: float | None) -> Iterator[None]:
     """Stop the code inside (with a ``TimeoutError``) if no result file appears in ``folder``
     within ``seconds``: engine replicas that cannot start (too few GPUs on a cluster, an engine stuck
     in its start) would otherwise keep a run waiting forever. The first file comes after the engine
-    started and one batch went through, so give big models room. It interrupts the run as Ctrl-C
-    (or Jupyter's interrupt) does, so only on the main thread; ``None`` or 0: no limit."""
+    started and one batch went through, so give big models room. The watchdog sends the process a
+    SIGINT (a real signal also wakes blocking waits), handled here while the code runs, whatever the
+    process inherited (a background job ignores SIGINT); Ctrl-C and Jupyter's interrupt still
+    interrupt. Only on the main thread; ``None`` or 0: no limit."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
     since, done, fired = time.time() - 1, threading.Event(), threading.Event()
+
+    def on_sigint(signum, frame):
+        if fired.is_set():
+            raise _NoResultsInTime()
+        if callable(previous):
+            return previous(signum, frame)
+        raise KeyboardInterrupt
 
     def watch() -> None:
         deadline = time.monotonic() + seconds
@@ -313,21 +327,21 @@ def first_results_within(folder: Path, seconds: float | None) -> Iterator[None]:
                 return
             if time.monotonic() > deadline and not done.is_set():
                 fired.set()
-                os.kill(os.getpid(), signal.SIGINT)  # a real signal also wakes blocking waits
+                os.kill(os.getpid(), signal.SIGINT)
                 return
 
+    previous = signal.signal(signal.SIGINT, on_sigint)
     threading.Thread(target=watch, daemon=True, name="first-results-watchdog").start()
     try:
         yield
-    except KeyboardInterrupt:
-        if fired.is_set():
-            raise TimeoutError(
-                f"no results were written within STARTUP_TIMEOUT_S={seconds:g} s: the engine did not start, or "
-                "its first batch took longer. Ray's logs say why (on this machine: /tmp/ray/session_latest/logs); "
-                "for a big model, raise STARTUP_TIMEOUT_S.") from None
-        raise
+    except _NoResultsInTime:
+        raise TimeoutError(
+            f"no results were written within STARTUP_TIMEOUT_S={seconds:g} s: the engine did not start, or "
+            "its first batch took longer. Ray's logs say why (on this machine: /tmp/ray/session_latest/logs); "
+            "for a big model, raise STARTUP_TIMEOUT_S.") from None
     finally:
         done.set()
+        signal.signal(signal.SIGINT, previous)
 
 
 def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],

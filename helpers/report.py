@@ -217,9 +217,10 @@ def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None 
         # Untrained models emit arbitrary bytes: show unprintable characters as a middle dot.
         caption = "".join(ch if ch.isprintable() else "·" for ch in caption)
         short = caption if len(caption) <= 4 * wrap else caption[: 4 * wrap - 1] + "…"
-        ax.set_title(title, fontsize=9, fontweight="bold")
+        # Captions and file names are shown as written: "$...$" in them is text, not math.
+        ax.set_title(title, fontsize=9, fontweight="bold", parse_math=False)
         ax.text(0.5, -0.04, "\n".join(textwrap.wrap(short, wrap)) or "(empty)", transform=ax.transAxes,
-                ha="center", va="top", fontsize=8)
+                ha="center", va="top", fontsize=8, parse_math=False)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

@@ -272,3 +272,19 @@ def test_the_startup_timeout_ends_with_the_first_result_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):  # a person's Ctrl-C stays a Ctrl-C
         with pipeline.first_results_within(folder, 60):
             raise KeyboardInterrupt
+
+
+def test_the_startup_timeout_works_where_sigint_is_ignored(tmp_path):
+    # A process started in the background (nohup, `&`, some CI runners) inherits an ignored SIGINT.
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            with pipeline.first_results_within(tmp_path / "parts", 2):
+                time.sleep(60)
+        assert time.monotonic() - started < 10
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # put back as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -186,3 +186,16 @@ def test_result_rows_carry_the_engine_columns():
     ok = outputs.result_row(row, ["id"], answer="x")
     assert set(ok) == {"id", "answer", *outputs.ENGINE_COLUMNS, "error"}
     assert ok["request_digest"] == outputs.request_digest([7, 8], row["params"]) and ok["error"] == ""
+
+
+def test_image_grid_shows_any_caption_as_written(tmp_path):
+    # An untrained model wrote "sofild s b\x00$$0": matplotlib read "$...$" as math and failed the run.
+    import numpy as np
+
+    image = np.zeros((8, 8, 3), dtype=np.uint8)
+    captions = ["sofild s b\x00$$0", "$x^$", "a \\frac{ b", "", "plain words " * 20]
+    fig = report.plot_image_grid([(image, f"img_$_{i}$", c) for i, c in enumerate(captions)],
+                                 tmp_path / "grid.png", columns=3)
+    assert (tmp_path / "grid.png").stat().st_size > 1000
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "$x^$" in texts and "(empty)" in texts
