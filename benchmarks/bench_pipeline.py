@@ -34,6 +34,7 @@ passes a notebook parameter, e.g. ``-p BATCH_SIZE 128``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -189,13 +190,35 @@ class Measured:
     kit_folder: Path
 
 
-def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str, Any], workdir: Path) -> Measured:
-    """Raw vLLM with its defaults, raw with the kit's CPU settings, then the kit's notebook."""
-    raw, default_result = run_raw(kind, spec, workdir)
-    results = {"default": default_result}
-    tuned = None
-    if not on_gpu():
-        tuned, results["tuned"] = run_raw(kind, spec, workdir, kit_cpu_env())
+def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str, Any], workdir: Path,
+            side: str = "both") -> Measured | None:
+    """Raw vLLM with its defaults, raw with the kit's CPU settings, then the kit's notebook.
+
+    ``side="raw"`` runs the raw side(s) only and keeps them in ``workdir``; ``side="kit"`` runs the
+    kit and takes the raw side from there, made by an earlier ``side="raw"`` call with the same
+    inputs: for runs too long for one command (the lent GPU allows 10 minutes a command)."""
+    saved = workdir / f"raw-{kind}-measured.json"
+    if side == "kit":
+        if not saved.exists():
+            raise SystemExit(f"--side kit needs the raw side first: no {saved} (run --side raw with this --workdir)")
+        kept = json.loads(saved.read_text())
+        if kept["spec"] != spec:
+            raise SystemExit(f"{saved} was measured with other inputs or settings: run --side raw again")
+        raw = Timing(**kept["raw"])
+        tuned = Timing(**kept["tuned"]) if kept["tuned"] else None
+        results = kept["results"]
+    else:
+        raw, default_result = run_raw(kind, spec, workdir)
+        results = {"default": default_result}
+        tuned = None
+        if not on_gpu():
+            tuned, results["tuned"] = run_raw(kind, spec, workdir, kit_cpu_env())
+        saved.write_text(json.dumps({"spec": spec, "raw": dataclasses.asdict(raw),
+                                     "tuned": dataclasses.asdict(tuned) if tuned else None, "results": results}))
+        if side == "raw":
+            print(f"raw side of {kind} kept in {saved}: whole {raw.whole_s:.1f}s, pipeline {raw.pipeline_s:.1f}s, "
+                  f"steady state {raw.generate_s:.1f}s; run --side kit with the same arguments next", flush=True)
+            return None
     kit, folder = kit_timing(notebook, kit_params, workdir)
     return Measured(raw, tuned, kit, results, folder)
 
@@ -320,7 +343,7 @@ def run_config(task: str, params: dict[str, Any]):
     return presets.from_parameters(task, params, cluster=seen)
 
 
-def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
+def bench_text(rows: int, workdir: Path, overrides: dict[str, Any], side: str = "both") -> bool:
     from transformers import AutoTokenizer
 
     from helpers import classify, models, presets
@@ -333,7 +356,9 @@ def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
     config = run_config("text", params)
     spec = {**{k: params[k] for k in ("LABELS", "TASK", "USER_TEMPLATE", "TEMPERATURE", "KV_CACHE_GIB")},
             "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": config.engine_kwargs()}
-    run = measure("text", "text_classification", spec, {**settings, "INPUT_PATH": str(csv)}, workdir)
+    run = measure("text", "text_classification", spec, {**settings, "INPUT_PATH": str(csv)}, workdir, side)
+    if run is None:
+        return True
     predictions = pd.read_parquet(run.kit_folder / "predictions.parquet")
     kit = {"answers": dict(zip(predictions["Customer Id"], predictions["predicted_label"])),
            "digests": dict(zip(predictions["Customer Id"], predictions["request_digest"]))}
@@ -341,7 +366,7 @@ def bench_text(rows: int, workdir: Path, overrides: dict[str, Any]) -> bool:
     return report(f"text classification, {rows} prompts (SmolLM2-135M, structured choice)", run, kit, ids)
 
 
-def bench_caption(count: int, workdir: Path, overrides: dict[str, Any]) -> bool:
+def bench_caption(count: int, workdir: Path, overrides: dict[str, Any], side: str = "both") -> bool:
     from transformers import AutoTokenizer
 
     from helpers import caption, models, presets
@@ -357,7 +382,9 @@ def bench_caption(count: int, workdir: Path, overrides: dict[str, Any]) -> bool:
                                       "KV_CACHE_GIB")},
             "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}
     run = measure("caption", "vlm_captioning", spec,
-                  {**settings, "INPUT_PATH": str(folder_in), "INPUT_FORMAT": "images"}, workdir)
+                  {**settings, "INPUT_PATH": str(folder_in), "INPUT_FORMAT": "images"}, workdir, side)
+    if run is None:
+        return True
     captions = pd.read_parquet(run.kit_folder / "captions.parquet")
     kit = {"answers": {row.source: [row.caption, row.num_generated_tokens] for row in captions.itertuples()},
            "digests": dict(zip(captions["source"], captions["request_digest"]))}
@@ -385,9 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=2000, help="prompts for the text benchmark (default 2000)")
     parser.add_argument("--images", type=int, default=200, help="images for the captioning benchmark (default 200)")
     parser.add_argument("--workdir", default=None, help="keep inputs and results here (default: a temp folder)")
+    parser.add_argument("--side", choices=["both", "raw", "kit"], default="both",
+                        help="raw: measure raw vLLM only and keep it in --workdir; kit: the kit, against that kept "
+                             "raw side (two commands back to back, for machines that limit a command's time)")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a notebook parameter for the kit's runs (a Python literal, else a string)")
     args = parser.parse_args(argv)
+    if args.side != "both" and not args.workdir:
+        parser.error("--side raw/kit needs --workdir (where the raw side is kept)")
     from bench_image_prep import machine
 
     overrides = {name: run_notebooks.parse_value(value) for name, value in args.p}
@@ -400,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(args.workdir or tmp)
         ok = True
         if args.task in ("text", "all"):
-            ok &= bench_text(args.rows, workdir / "text", overrides)
+            ok &= bench_text(args.rows, workdir / "text", overrides, args.side)
         if args.task in ("caption", "all"):
-            ok &= bench_caption(args.images, workdir / "caption", overrides)
+            ok &= bench_caption(args.images, workdir / "caption", overrides, args.side)
     return 0 if ok else 1
 
 

@@ -45,6 +45,9 @@ class Preset:
     limit: int | None
     max_concurrent_batches: int = 4
     max_num_seqs: int = 256
+    #: Prompt tokens the engine takes per step; None: what ``vllm.LLM`` uses on this hardware
+    #: (:func:`offline_engine_defaults`), which Ray's engine stage would not get by itself.
+    max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     gpu_memory_utilization: float = 0.90
@@ -68,8 +71,10 @@ class Preset:
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The vLLM engine arguments this preset implies."""
+        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        tokens = self.max_num_batched_tokens or offline_engine_defaults(self.accelerator_type, world_size=world_size)[0]
         kwargs: dict[str, Any] = {"max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
-                                  "enforce_eager": self.enforce_eager}
+                                  "max_num_batched_tokens": tokens, "enforce_eager": self.enforce_eager}
         if self.accelerator_type:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.tensor_parallel_size > 1:
@@ -80,6 +85,26 @@ class Preset:
         if self.quantization:
             kwargs["quantization"] = self.quantization
         return kwargs
+
+
+def offline_engine_defaults(accelerator_type: str | None, memory_gib: float | None = None,
+                            world_size: int = 1) -> tuple[int, int]:
+    """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm.LLM`` uses on this hardware: vLLM's
+    ``EngineArgs.get_batch_defaults`` for offline use (``UsageContext.LLM_CLASS``), by GPU memory
+    (``memory_gib``, else the known type's) and name; ``accelerator_type=None``: a CPU.
+
+    Ray's engine stage builds its engine with ``AsyncEngineArgs.create_engine_config()`` and no usage
+    context, so without these it gets vLLM's generic 2,048 tokens per step on any hardware: on an
+    H100, an eighth of the 16,384 that a plain ``vllm.LLM`` script gets (issue #11's steady-state gap).
+    """
+    if accelerator_type is None:
+        return 4096 * world_size, 256 * world_size
+    if memory_gib is None:
+        known = GPUS.get(accelerator_type)
+        memory_gib = known.memory_gib if known else 0.0
+    if memory_gib >= 160 or (memory_gib >= 70 and "A100" not in accelerator_type.upper()):
+        return 16384, 1024
+    return 8192, 256
 
 
 LLAMA_8B = "unsloth/Llama-3.1-8B-Instruct"
@@ -222,19 +247,29 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
     reasons["concurrency"] = (f"{gpus} GPUs / {tp} per replica" if tp > 1 else f"one replica per GPU ({gpus})")
     if tp > 1:
         reasons["tensor_parallel_size"] = f"{model}'s weights do not fit one {gpu_type} with room for a KV cache"
-    max_num_seqs = base.max_num_seqs
+    step_tokens, max_num_seqs = offline_engine_defaults(gpu_type or "", memory)
+    reasons["max_num_batched_tokens"] = (f"what vllm.LLM takes per step on a {memory:.0f} GiB {gpu_type or 'GPU'} "
+                                         "(Ray's engine stage alone would take 2048)")
+    reasons["max_num_seqs"] = f"what vllm.LLM runs at once on a {memory:.0f} GiB {gpu_type or 'GPU'}"
     if shape is not None:
         free = budget - shape.parameters * 2 / tp
         fits = int(free / (shape.kv_bytes_per_token * base.max_model_len / tp))
-        max_num_seqs = max(1, min(base.max_num_seqs, 2 ** int(math.log2(max(fits, 1)))))
+        cap = max_num_seqs
+        max_num_seqs = max(1, min(cap, 2 ** int(math.log2(max(fits, 1)))))
         reasons["max_num_seqs"] = (f"{fits} full-length sequences of {base.max_model_len} tokens fit the KV cache; "
-                                   f"capped at {base.max_num_seqs}")
+                                   f"capped at {cap}, {reasons['max_num_seqs']}")
+    # Ray's engine stage admits 1.1 x max_num_seqs requests at a time: keep twice that many rows queued
+    # per replica, so a finished batch's place is already taken when the engine asks for more.
+    in_flight = 2 * -(-math.ceil(1.1 * max_num_seqs) // base.batch_size)
+    if in_flight > base.max_concurrent_batches:
+        reasons["max_concurrent_batches"] = (f"twice the batches of {base.batch_size} that fill the engine's "
+                                             f"{math.ceil(1.1 * max_num_seqs)} request slots (1.1 x max_num_seqs)")
     num_blocks = max(base.num_blocks, 4 * replicas)
     reasons["num_blocks"] = f"at least 4 per replica, and the {base.name} preset's {base.num_blocks}"
     return base.override(
         name=f"auto ({gpus}x{gpu_type})", accelerator_type=gpu_type, concurrency=replicas, tensor_parallel_size=tp,
-        max_num_seqs=max_num_seqs, num_blocks=num_blocks, limit=None,
-        max_concurrent_batches=max(base.max_concurrent_batches, -(-max_num_seqs // base.batch_size)),
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks, limit=None,
+        max_concurrent_batches=max(base.max_concurrent_batches, in_flight),
         description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
 
 
@@ -325,10 +360,15 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
         rows.append({"parameter": name, "value": repr(getattr(preset, field)),
                      "from": "your parameter" if chosen else f"preset {preset.name}",
                      "why": "" if chosen else why.get(field, "")})
-    for field in ("max_num_seqs", "tensor_parallel_size", "pipeline_parallel_size", "quantization"):
-        rows.append({"parameter": field, "value": repr(getattr(preset, field)), "from": f"preset {preset.name}",
-                     "why": why.get(field, "")})
+    for field in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
+                  "quantization"):
+        value = preset.engine_kwargs()["max_num_batched_tokens"] if field == "max_num_batched_tokens" else getattr(preset, field)
+        rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
+                     "why": why.get(field, "") or (_OFFLINE_DEFAULT if field == "max_num_batched_tokens" else "")})
     return rows
+
+
+_OFFLINE_DEFAULT = "what vllm.LLM takes per step on this hardware (Ray's engine stage alone would take 2048)"
 
 
 def overview(task: str) -> list[dict[str, Any]]:

@@ -115,3 +115,36 @@ def test_startup_benchmark_runs_the_baseline_with_ray_waiting_for_each_pool(tmp_
     assert seen == ["600", None]  # the baseline waits for each pool in turn; the kit runs Ray's default
     out = capsys.readouterr().out
     assert "24 read, all accounted for: True" in out and "1.50x" in out
+
+
+def test_pipeline_benchmark_splits_raw_and_kit_over_two_commands(tmp_path, monkeypatch):
+    """``--side raw`` then ``--side kit``: the kit's run is compared with the raw side kept from the
+    first command, and only when the inputs and settings are the same."""
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    calls = []
+
+    def fake_raw(kind, spec, workdir, extra_env=None):
+        calls.append("raw")
+        return bench.Timing(100.0, 80.0, 60.0), {"answers": {"a": "x"}, "digests": {"a": "d"}}
+
+    def fake_kit(notebook, params, workdir):
+        calls.append("kit")
+        return bench.Timing(50.0, 40.0, 30.0), workdir / "kit"
+
+    monkeypatch.setattr(bench, "run_raw", fake_raw)
+    monkeypatch.setattr(bench, "kit_timing", fake_kit)
+    monkeypatch.setattr(bench, "on_gpu", lambda: True)
+    spec = {"input": "companies.csv", "engine_kwargs": {"max_num_seqs": 1024}}
+    with pytest.raises(SystemExit, match="needs the raw side first"):
+        bench.measure("text", "text_classification", spec, {}, tmp_path, side="kit")
+    assert bench.measure("text", "text_classification", spec, {}, tmp_path, side="raw") is None
+    assert calls == ["raw"]
+    run = bench.measure("text", "text_classification", spec, {}, tmp_path, side="kit")
+    assert calls == ["raw", "kit"]  # the raw side was not run again
+    assert run.raw == bench.Timing(100.0, 80.0, 60.0) and run.kit == bench.Timing(50.0, 40.0, 30.0)
+    assert run.raw_results["default"]["answers"] == {"a": "x"}
+    with pytest.raises(SystemExit, match="other inputs or settings"):
+        bench.measure("text", "text_classification", {**spec, "engine_kwargs": {"max_num_seqs": 256}}, {}, tmp_path,
+                      side="kit")
+    with pytest.raises(SystemExit):
+        bench.main(["--task", "text", "--side", "kit"])  # no --workdir: nowhere to find the raw side

@@ -151,7 +151,11 @@ def test_auto_fits_one_h100():
     text, vision = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0}), _auto("vision", GPU=1.0, **{"accelerator_type:H100": 1.0})
     for p in (text, vision):
         assert p.accelerator_type == "H100" and p.concurrency == 1 and p.tensor_parallel_size == 1
-    assert text.max_num_seqs == 256 and dict(text.reasons)["accelerator_type"] == "detected 1 x H100 (80 GiB each)"
+    assert text.max_num_seqs == 1024 and dict(text.reasons)["accelerator_type"] == "detected 1 x H100 (80 GiB each)"
+    # What vllm.LLM would take per step there; Ray's engine stage alone gets vLLM's generic 2048.
+    assert text.engine_kwargs()["max_num_batched_tokens"] == 16384
+    # Rows queued per replica cover twice the engine stage's 1.1 x max_num_seqs request slots.
+    assert text.batch_size * text.max_concurrent_batches >= 2 * 1.1 * text.max_num_seqs
     assert checks.enforce(checks.check_preset(text)) == [] or all("blocks" in w for w in checks.enforce(checks.check_preset(text)))
 
 
@@ -187,7 +191,38 @@ def test_auto_never_falls_back_to_cpus_on_a_remote_cluster_without_gpus_yet():
 def test_auto_sizes_the_offline_model_from_its_folder(smollm2_path):
     p = presets.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:H100": 1.0},
                        model_source=str(smollm2_path))
-    assert p.model_source == str(smollm2_path) and p.concurrency == 1 and p.max_num_seqs == 256
+    assert p.model_source == str(smollm2_path) and p.concurrency == 1 and p.max_num_seqs == 1024
+
+
+@pytest.mark.parametrize("gpu, memory_gib, name", [
+    ("H100", 79.2, "NVIDIA H100 80GB HBM3"), ("H200", 139.8, "NVIDIA H200"), ("A100-80G", 79.1, "NVIDIA A100-SXM4-80GB"),
+    ("L4", 22.0, "NVIDIA L4"), ("T4", 14.6, "Tesla T4"), ("B200", 178.4, "NVIDIA B200"), (None, 0.0, "cpu"),
+])
+def test_engine_defaults_are_what_vllm_llm_uses_there(monkeypatch, gpu, memory_gib, name):
+    """The kit's copy of vLLM's offline batch defaults matches the installed vLLM's own rule, fed each
+    GPU's reported memory and name (a vLLM upgrade that changes the rule fails here)."""
+    from vllm.engine import arg_utils
+    from vllm.usage.usage_lib import UsageContext
+
+    platform = arg_utils.current_platform
+    monkeypatch.setattr(platform, "get_device_total_memory", lambda *a, **k: int(memory_gib * 1024**3), raising=False)
+    monkeypatch.setattr(platform, "get_device_name", lambda *a, **k: name, raising=False)
+    monkeypatch.setattr(platform, "is_cpu", lambda: gpu is None)
+    monkeypatch.setattr(platform, "is_tpu", lambda: False)
+    tokens, seqs = arg_utils.EngineArgs.get_batch_defaults(world_size=1)
+    expected = (tokens[UsageContext.LLM_CLASS], seqs[UsageContext.LLM_CLASS])
+    assert presets.offline_engine_defaults(gpu, None if gpu in presets.GPUS else memory_gib) == expected
+    # and what Ray's engine stage gets without them: vLLM's generic default, far less on a big GPU
+    assert tokens.get(None, arg_utils.SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS) == 2048
+
+
+def test_every_preset_asks_for_the_offline_step_size():
+    for p in presets.PRESETS.values():
+        world = p.tensor_parallel_size * p.pipeline_parallel_size
+        assert p.engine_kwargs()["max_num_batched_tokens"] == presets.offline_engine_defaults(p.accelerator_type,
+                                                                                             world_size=world)[0]
+    assert presets.PRESETS["text-cpu-offline"].override(max_num_batched_tokens=512).engine_kwargs()[
+        "max_num_batched_tokens"] == 512
 
 
 def test_settings_table_says_why():
@@ -195,6 +230,7 @@ def test_settings_table_says_why():
     rows = {r["parameter"]: r for r in presets.describe(p, {"ACCELERATOR_TYPE": None, "CONCURRENCY": None})}
     assert rows["ACCELERATOR_TYPE"]["why"].startswith("detected 1 x H100")
     assert rows["CONCURRENCY"]["why"] and rows["max_num_seqs"]["why"]
+    assert rows["max_num_batched_tokens"]["value"] == "16384" and "vllm.LLM" in rows["max_num_batched_tokens"]["why"]
 
 
 def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
