@@ -45,3 +45,29 @@ def test_no_internal_vocabulary_in_what_users_read(path):
     hits = [m.group(0) for m in re.finditer(r"[^\n]{0,30}\bseeds?('s|s')?\b(?! ?[0=(])[^\n]{0,30}", text, re.I)
             if not re.search(r"manual_seed|seeded|random", m.group(0), re.I)]
     assert not hits, f"{path.name}: {hits}"
+
+
+def _processor_config_keywords(path):
+    """The keyword arguments of the notebook's ``vLLMEngineProcessorConfig(...)`` call, as literals where
+    they are literals (``ast``: the call a user reads and copies, not a regex over text)."""
+    import ast
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "vLLMEngineProcessorConfig(" not in cell.source:
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "vLLMEngineProcessorConfig":
+                return {k.arg: (k.value.value if isinstance(k.value, ast.Constant) else ast.unparse(k.value))
+                        for k in node.keywords if k.arg}
+    raise AssertionError(f"{path.name} builds no vLLMEngineProcessorConfig")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_processor_skips_engine_metrics_and_keeps_failed_rows(path):
+    """Ray records vLLM's metrics per request by default: 12% of the engine actor's busy thread on an
+    H100 at 600 rows/s (benchmarks/RESULTS.md). The notebooks turn it off, and keep rows that fail."""
+    keywords = _processor_config_keywords(path)
+    assert keywords["log_engine_metrics"] is False
+    assert keywords["should_continue_on_error"] is True
+    assert keywords["tokenize_stage"] is False and keywords["detokenize_stage"] is False
