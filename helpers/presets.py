@@ -58,6 +58,13 @@ class Preset:
     reasons: tuple[tuple[str, str], ...] = ()
 
     @property
+    def step_tokens(self) -> int:
+        """Prompt tokens per engine step: ``max_num_batched_tokens``, else what ``vllm.LLM`` takes on
+        this hardware (:func:`offline_engine_defaults`)."""
+        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        return self.max_num_batched_tokens or offline_engine_defaults(self.accelerator_type, world_size=world_size)[0]
+
+    @property
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size if self.accelerator_type else 0
 
@@ -71,10 +78,8 @@ class Preset:
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The vLLM engine arguments this preset implies."""
-        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
-        tokens = self.max_num_batched_tokens or offline_engine_defaults(self.accelerator_type, world_size=world_size)[0]
         kwargs: dict[str, Any] = {"max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
-                                  "max_num_batched_tokens": tokens, "enforce_eager": self.enforce_eager}
+                                  "max_num_batched_tokens": self.step_tokens, "enforce_eager": self.enforce_eager}
         if self.accelerator_type:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.tensor_parallel_size > 1:
@@ -85,6 +90,10 @@ class Preset:
         if self.quantization:
             kwargs["quantization"] = self.quantization
         return kwargs
+
+
+#: Why a preset asks for a step size at all (shown in the settings table).
+RAY_STEP_TOKENS_NOTE = "Ray's engine stage alone would take 2048"
 
 
 def offline_engine_defaults(accelerator_type: str | None, memory_gib: float | None = None,
@@ -249,7 +258,7 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
         reasons["tensor_parallel_size"] = f"{model}'s weights do not fit one {gpu_type} with room for a KV cache"
     step_tokens, max_num_seqs = offline_engine_defaults(gpu_type or "", memory)
     reasons["max_num_batched_tokens"] = (f"what vllm.LLM takes per step on a {memory:.0f} GiB {gpu_type or 'GPU'} "
-                                         "(Ray's engine stage alone would take 2048)")
+                                         f"({RAY_STEP_TOKENS_NOTE})")
     reasons["max_num_seqs"] = f"what vllm.LLM runs at once on a {memory:.0f} GiB {gpu_type or 'GPU'}"
     if shape is not None:
         free = budget - shape.parameters * 2 / tp
@@ -260,10 +269,11 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
                                    f"capped at {cap}, {reasons['max_num_seqs']}")
     # Ray's engine stage admits 1.1 x max_num_seqs requests at a time: keep twice that many rows queued
     # per replica, so a finished batch's place is already taken when the engine asks for more.
-    in_flight = 2 * -(-math.ceil(1.1 * max_num_seqs) // base.batch_size)
+    slots = math.ceil(1.1 * max_num_seqs)
+    in_flight = 2 * -(-slots // base.batch_size)
     if in_flight > base.max_concurrent_batches:
         reasons["max_concurrent_batches"] = (f"twice the batches of {base.batch_size} that fill the engine's "
-                                             f"{math.ceil(1.1 * max_num_seqs)} request slots (1.1 x max_num_seqs)")
+                                             f"{slots} request slots (1.1 x max_num_seqs)")
     num_blocks = max(base.num_blocks, 4 * replicas)
     reasons["num_blocks"] = f"at least 4 per replica, and the {base.name} preset's {base.num_blocks}"
     return base.override(
@@ -351,7 +361,8 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
 def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per preset-backed setting: its value, whether it came from the preset or a parameter,
     and (for ``PRESET="auto"``) why that value was chosen."""
-    why = dict(preset.reasons)
+    why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
+           **dict(preset.reasons)}
     rows = []
     for name, field in PARAMETER_FIELDS.items():
         if name not in parameters:
@@ -360,15 +371,13 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
         rows.append({"parameter": name, "value": repr(getattr(preset, field)),
                      "from": "your parameter" if chosen else f"preset {preset.name}",
                      "why": "" if chosen else why.get(field, "")})
-    for field in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size",
-                  "quantization"):
-        value = preset.engine_kwargs()["max_num_batched_tokens"] if field == "max_num_batched_tokens" else getattr(preset, field)
+    engine = {"max_num_seqs": preset.max_num_seqs, "max_num_batched_tokens": preset.step_tokens,
+              "tensor_parallel_size": preset.tensor_parallel_size,
+              "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization}
+    for field, value in engine.items():
         rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
-                     "why": why.get(field, "") or (_OFFLINE_DEFAULT if field == "max_num_batched_tokens" else "")})
+                     "why": why.get(field, "")})
     return rows
-
-
-_OFFLINE_DEFAULT = "what vllm.LLM takes per step on this hardware (Ray's engine stage alone would take 2048)"
 
 
 def overview(task: str) -> list[dict[str, Any]]:
