@@ -77,6 +77,8 @@ def text_problems(p: Mapping[str, Any]) -> list[str]:
     for name in ("ID_COLUMN", "LABEL_COLUMN"):
         if p[name] is not None and not (isinstance(p[name], str) and p[name]):
             problems.append(f"{name} must name a column or be None, got {p[name]!r}")
+    if p["TOKENIZE_STAGE"] is not None and not isinstance(p["TOKENIZE_STAGE"], bool):
+        problems.append(f"TOKENIZE_STAGE must be True, False or None (from PRESET), got {p['TOKENIZE_STAGE']!r}")
     if not isinstance(p["USER_TEMPLATE"], str) or "{text}" not in p["USER_TEMPLATE"]:
         problems.append(f"USER_TEMPLATE must contain '{{text}}', got {p['USER_TEMPLATE']!r}")
     return problems

@@ -53,6 +53,9 @@ class Preset:
     gpu_memory_utilization: float = 0.90
     quantization: str | None = None
     enforce_eager: bool = False
+    #: Tokenize prompts in a CPU stage of their own (Ray's tokenize stage), off the engine actor's
+    #: thread; None until :func:`select` resolves it: on for text on a GPU, off on a CPU and for images.
+    tokenize_stage: bool | None = None
     description: str = ""
     #: For presets chosen by ``"auto"``: (field, why this value) pairs, shown in the settings table.
     reasons: tuple[tuple[str, str], ...] = ()
@@ -293,6 +296,7 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     ``gpu_memory_gib`` measured), tensor parallelism only when the model (``model_source`` in
     ``overrides``, else the preset's) does not fit one GPU, one replica per ``tp`` GPUs, and
     ``max_num_seqs`` that fits the KV cache. The preset's ``reasons`` say why, field by field.
+    ``tokenize_stage`` left at None is decided here: on for text on a GPU, off on a CPU and for images.
     """
     if task not in CPU_PRESET:
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
@@ -304,14 +308,33 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
         raise KeyError(f"no preset {name!r}; presets: {sorted(PRESETS)}")
     if preset.task != task:
         raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
-    return preset.override(**overrides) if overrides else preset
+    preset = preset.override(**overrides) if overrides else preset
+    return _resolve_tokenize_stage(preset)
+
+
+#: Why the tokenize stage is on or off when the preset leaves it to the kit (shown in the settings table).
+TOKENIZE_STAGE_WHY = {
+    True: "a GPU: the engine actor's one thread only feeds the engine; a stage of its own tokenizes whole batches",
+    False: "a CPU: one more actor would compete with the engine for the cores",
+    "vision": "images: vLLM's own prompt processing places the image tokens",
+}
+
+
+def _resolve_tokenize_stage(preset: Preset) -> Preset:
+    """``tokenize_stage`` decided: ``None`` becomes on for text on a GPU, off otherwise; on for
+    images is an error (vLLM must place the image tokens itself)."""
+    if preset.task == "vision" and preset.tokenize_stage:
+        raise ValueError("tokenize_stage is for text prompts; image prompts need vLLM's own processing")
+    if preset.tokenize_stage is not None:
+        return preset
+    return preset.override(tokenize_stage=preset.task == "text" and preset.accelerator_type is not None)
 
 
 #: Notebook parameters that default to ``None``, meaning "take this field from PRESET".
 PARAMETER_FIELDS: dict[str, str] = {
     "MODEL_SOURCE": "model_source", "ACCELERATOR_TYPE": "accelerator_type", "CONCURRENCY": "concurrency",
     "BATCH_SIZE": "batch_size", "MAX_CONCURRENT_BATCHES": "max_concurrent_batches", "MAX_MODEL_LEN": "max_model_len",
-    "NUM_BLOCKS": "num_blocks", "ENFORCE_EAGER": "enforce_eager",
+    "NUM_BLOCKS": "num_blocks", "ENFORCE_EAGER": "enforce_eager", "TOKENIZE_STAGE": "tokenize_stage",
 }
 
 
@@ -362,6 +385,7 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
     """One row per preset-backed setting: its value, whether it came from the preset or a parameter,
     and (for ``PRESET="auto"``) why that value was chosen."""
     why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
+           "tokenize_stage": TOKENIZE_STAGE_WHY["vision" if preset.task == "vision" else bool(preset.tokenize_stage)],
            **dict(preset.reasons)}
     rows = []
     for name, field in PARAMETER_FIELDS.items():

@@ -31,7 +31,7 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
     }).to_csv(csv, index=False)
     out = runner.run("text_classification", tmp_path / "results", {
         "INPUT_PATH": str(csv), "TEXT_COLUMN": "name", "ID_COLUMN": None, "LABEL_COLUMN": "truth",
-        "LIMIT": 10, "NUM_BLOCKS": 3, "BATCH_SIZE": 4,
+        "LIMIT": 10, "NUM_BLOCKS": 3, "BATCH_SIZE": 4, "TOKENIZE_STAGE": True,  # Ray's stage, as on a GPU
     })
     for name in ("text_classification.ipynb", "text_classification.html", "predictions.parquet",
                  "errors.parquet", "confusion_matrix.png", "label_counts.png", "summary.json"):
@@ -54,10 +54,15 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
         assert "hf_kit_test_secret_4242" not in (out / report_file).read_text()
 
     # A second run into the same folder replaces the first run's results instead of adding to them.
+    # It tokenizes inside vLLM (the CPU default): the same rows send the same prompt tokens either way.
     runner.run("text_classification", tmp_path / "results", {
         "INPUT_PATH": str(csv), "TEXT_COLUMN": "name", "ID_COLUMN": None, "LABEL_COLUMN": None, "LIMIT": 4,
+        "TOKENIZE_STAGE": False,
     })
-    assert len(pd.read_parquet(out / "predictions.parquet")) + len(pd.read_parquet(out / "errors.parquet")) == 4
+    again = pd.read_parquet(out / "predictions.parquet")
+    assert len(again) + len(pd.read_parquet(out / "errors.parquet")) == 4
+    digests = predictions.set_index("row_id")["request_digest"]
+    assert len(again) == 3 and again["request_digest"].tolist() == digests[again["row_id"]].tolist()
     assert not (out / "confusion_matrix.png").exists()
 
 

@@ -58,6 +58,7 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
     ("text_classification", "PRESET", "text-llama8b-l5", "PRESET must be one of ['auto', 'text-cpu-offline'"),
     ("text_classification", "PRESET", "vision-qwen3b-l4", "PRESET must be one of"),  # the other notebook's
     ("text_classification", "ENFORCE_EAGER", "yes", "ENFORCE_EAGER must be True, False or None"),
+    ("text_classification", "TOKENIZE_STAGE", 1, "TOKENIZE_STAGE must be True, False or None"),
     ("text_classification", "LABELS", ["Only one"], "LABELS must be a list of at least two"),
     ("text_classification", "LABELS", ["A", "B", "A"], "LABELS has duplicates: ['A']"),
     ("text_classification", "USER_TEMPLATE", "Company: {name}", "USER_TEMPLATE must contain '{text}'"),

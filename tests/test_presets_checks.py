@@ -233,6 +233,27 @@ def test_settings_table_says_why():
     assert rows["max_num_batched_tokens"]["value"] == "16384" and "vllm.LLM" in rows["max_num_batched_tokens"]["why"]
 
 
+def test_text_on_a_gpu_tokenizes_in_a_stage_of_its_own_and_nothing_else_does():
+    """On an H100 the engine actor's thread holds a fast model back, tokenizing 21% of it
+    (benchmarks/RESULTS.md): text on a GPU tokenizes in Ray's stage; a CPU and images do not."""
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
+    assert presets.select("auto", "text", cluster=h100).tokenize_stage is True
+    assert presets.select("text-llama8b-l4", "text").tokenize_stage is True
+    assert presets.select("auto", "text").tokenize_stage is False  # no GPU: the CPU preset
+    assert presets.select("auto", "vision", cluster=h100).tokenize_stage is False
+    assert presets.select("auto", "text", cluster=h100, tokenize_stage=False).tokenize_stage is False  # yours wins
+    assert presets.select("auto", "text", tokenize_stage=True).tokenize_stage is True
+    with pytest.raises(ValueError, match="image prompts need vLLM's own processing"):
+        presets.select("vision-qwen3b-l4", "vision", tokenize_stage=True)
+    base = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto"}
+    rows = {r["parameter"]: r for r in presets.describe(presets.from_parameters("text", base, cluster=h100), base)}
+    assert rows["TOKENIZE_STAGE"]["value"] == "True" and rows["TOKENIZE_STAGE"]["why"].startswith("a GPU")
+    mine = presets.from_parameters("text", {**base, "TOKENIZE_STAGE": False}, cluster=h100)
+    rows = {r["parameter"]: r for r in presets.describe(mine, {**base, "TOKENIZE_STAGE": False})}
+    assert rows["TOKENIZE_STAGE"] == {"parameter": "TOKENIZE_STAGE", "value": "False", "from": "your parameter",
+                                      "why": ""}
+
+
 def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     from helpers import data
 
