@@ -62,15 +62,18 @@ def cpu_threads_bind(accelerator_type: str | None, replicas: int) -> str | None:
     return ",".join(str(c) for c in cores) if len(cores) > 1 else None
 
 
-def engine_env(kv_cache_gib: float | None, log_level: str = "WARNING",
+def engine_env(kv_cache_gib: float | None, log_level: str | None = None,
                threads_bind: str | None = None) -> dict[str, str]:
     """Environment variables for the engine workers (shipped through Ray's ``runtime_env``).
 
     ``VLLM_CPU_KVCACHE_SPACE`` caps vLLM's CPU KV cache in GiB (unset, it takes a large share of
     RAM); it is ignored on GPUs. ``threads_bind`` (see :func:`cpu_threads_bind`) sets
     ``VLLM_CPU_OMP_THREADS_BIND``, the cores a CPU engine computes on. ``HF_HUB_OFFLINE`` is set
-    only when ``HF_HUB_OFFLINE`` is set here, so GPU users can still download models.
+    only when ``HF_HUB_OFFLINE`` is set here, so GPU users can still download models. vLLM logs
+    at ``log_level``, else at the ``VLLM_LOGGING_LEVEL`` set here (``INFO`` shows its start-up
+    steps with times in Ray's worker logs), else at ``WARNING``.
     """
+    log_level = log_level or os.environ.get("VLLM_LOGGING_LEVEL") or "WARNING"
     env = {"VLLM_LOGGING_LEVEL": log_level, "TOKENIZERS_PARALLELISM": "false"}
     # A hub token for gated models travels to the workers from this process's environment only:
     # it is never a parameter, so it never lands in an executed notebook.

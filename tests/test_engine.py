@@ -22,8 +22,13 @@ def test_engine_placement_cpu_and_gpu():
 
 def test_engine_env(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     env = engine.engine_env(1)
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and "HF_HUB_OFFLINE" not in env
+    assert env["VLLM_LOGGING_LEVEL"] == "WARNING"  # vLLM's start-up chatter stays out of the way
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")  # yours reaches the workers
+    assert engine.engine_env(1)["VLLM_LOGGING_LEVEL"] == "INFO"
+    assert engine.engine_env(1, log_level="DEBUG")["VLLM_LOGGING_LEVEL"] == "DEBUG"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert engine.engine_env(None)["HF_HUB_OFFLINE"] == "1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in engine.engine_env(None)
