@@ -82,7 +82,10 @@ class Preset:
     def engine_kwargs(self) -> dict[str, Any]:
         """The vLLM engine arguments this preset implies."""
         kwargs: dict[str, Any] = {"max_model_len": self.max_model_len, "max_num_seqs": self.max_num_seqs,
-                                  "max_num_batched_tokens": self.step_tokens, "enforce_eager": self.enforce_eager}
+                                  "max_num_batched_tokens": self.step_tokens, "enforce_eager": self.enforce_eager,
+                                  # As vllm.LLM: Ray's engine (AsyncEngineArgs) would record vLLM's statistics
+                                  # per step and request, on the engine actor's one thread.
+                                  "disable_log_stats": True}
         if self.accelerator_type:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.tensor_parallel_size > 1:
