@@ -155,12 +155,13 @@ def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
 def run_raw(kind: str, spec: dict[str, Any], workdir: Path,
             extra_env: dict[str, str] | None = None) -> tuple[Timing, dict[str, Any]]:
     """Run the raw script in a fresh process; return its timings and its result (answers, ...)."""
+    from helpers import engine
+
     tag = "tuned" if extra_env else "default"
     spec_file, result_file = workdir / f"raw-{kind}-{tag}-spec.json", workdir / f"raw-{kind}-{tag}-result.json"
     spec_file.write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(spec["KV_CACHE_GIB"]),
-           "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),  # as the kit's engine
-           "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})}
+    # The kit's engine environment (KV cache, log level, tokenizer threads), then the variant's settings.
+    env = {**os.environ, **engine.engine_env(spec["KV_CACHE_GIB"]), **(extra_env or {})}
     started = time.perf_counter()
     subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file), str(result_file)], check=True, env=env)
     whole = time.perf_counter() - started

@@ -315,22 +315,24 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     return _resolve_tokenize_stage(preset)
 
 
-#: Why the tokenize stage is on or off when the preset leaves it to the kit (shown in the settings table).
-TOKENIZE_STAGE_WHY = {
-    True: "a GPU: the engine actor's one thread only feeds the engine; a stage of its own tokenizes whole batches",
-    False: "a CPU: one more actor would compete with the engine for the cores",
-    "vision": "images: vLLM's own prompt processing places the image tokens",
-}
+def _tokenize_stage_default(preset: Preset) -> tuple[bool, str]:
+    """Whether text is tokenized in a stage of its own when the preset leaves it to the kit, and why
+    (shown in the settings table)."""
+    if preset.task == "vision":
+        return False, "images: vLLM's own prompt processing places the image tokens"
+    if preset.accelerator_type is None:
+        return False, "a CPU: one more actor would compete with the engine for the cores"
+    return True, "a GPU: the engine actor's one thread only feeds the engine; a stage of its own tokenizes whole batches"
 
 
 def _resolve_tokenize_stage(preset: Preset) -> Preset:
-    """``tokenize_stage`` decided: ``None`` becomes on for text on a GPU, off otherwise; on for
+    """``tokenize_stage`` decided: ``None`` becomes :func:`_tokenize_stage_default`'s choice; on for
     images is an error (vLLM must place the image tokens itself)."""
     if preset.task == "vision" and preset.tokenize_stage:
         raise ValueError("tokenize_stage is for text prompts; image prompts need vLLM's own processing")
     if preset.tokenize_stage is not None:
         return preset
-    return preset.override(tokenize_stage=preset.task == "text" and preset.accelerator_type is not None)
+    return preset.override(tokenize_stage=_tokenize_stage_default(preset)[0])
 
 
 #: Notebook parameters that default to ``None``, meaning "take this field from PRESET".
@@ -388,7 +390,7 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
     """One row per preset-backed setting: its value, whether it came from the preset or a parameter,
     and (for ``PRESET="auto"``) why that value was chosen."""
     why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
-           "tokenize_stage": TOKENIZE_STAGE_WHY["vision" if preset.task == "vision" else bool(preset.tokenize_stage)],
+           "tokenize_stage": _tokenize_stage_default(preset)[1],
            **dict(preset.reasons)}
     rows = []
     for name, field in PARAMETER_FIELDS.items():
