@@ -17,9 +17,10 @@ Three times per side, each a ratio raw / kit (above 1: the kit is faster):
   kernel start, Ray start, the checks, the reports and charts.
 - *pipeline, engine start in*: raw: import vLLM + engine start + ``chat``. Kit: the notebook's
   pipeline cell (planning, engine start, every stage, writing the results; ``summary.json``).
-- *steady state*: raw: ``chat`` alone (engine start excluded). Kit: the rows over the time from
-  its first result file to its last (``summary.json``'s "rows/s steady state"), i.e. once every
-  stage is running.
+- *steady state*: raw: ``chat`` alone (engine start excluded). Kit: the run's rows at the rate its
+  result files were written once they came (``summary.json``'s "rows/s steady state", fitted over
+  the files), i.e. once every stage is running; ``nan`` where the run could not measure it (too few
+  files, or all in one burst at the end: ``summary.json``'s "steady state" says which).
 
 On a machine with a CUDA GPU the kit runs with ``PRESET="auto"`` (fitted to the GPU it finds) and
 both sides use the offline models from their folders.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -173,13 +175,16 @@ def run_raw(kind: str, spec: dict[str, Any], workdir: Path,
 
 def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path]:
     """Run the notebook; its timings: wall time, the pipeline cell's and the steady state's (rows
-    written / rows per second from the first result file to the last, from ``summary.json``)."""
+    written / rows per second in steady state, from ``summary.json``; NaN where not measured)."""
     known = run_notebooks.defaults(notebook)
     started = time.perf_counter()
     folder = run_notebooks.run(notebook, workdir / "kit", {k: v for k, v in params.items() if k in known})
     whole = time.perf_counter() - started
     summary = json.loads((folder / "summary.json").read_text())
-    steady = summary["rows written in this run"] / summary["rows/s steady state"]
+    rate = summary["rows/s steady state"]  # null when the run could not measure it ("steady state" says why)
+    if not rate:
+        print(f"kit steady state {summary['steady state']}", flush=True)
+    steady = summary["rows written in this run"] / rate if rate else float("nan")
     return Timing(whole, float(summary["pipeline seconds"]), steady), folder
 
 
@@ -298,12 +303,15 @@ def ratio_table(raw: Timing, tuned: Timing | None, kit: Timing) -> str:
     """Seconds per side and raw/kit (above 1: the kit is faster); the raw+CPU columns only on a CPU."""
     lines = [f"{'':28}{'raw vLLM':>10}" + (f"{'raw+CPU':>10}" if tuned else "") + f"{'kit':>10}{'raw/kit':>10}"
              + (f"{'raw+CPU/kit':>13}" if tuned else "")]
+    def cell(value: float, unit: str, width: int, digits: int) -> str:  # n/a: not measured (NaN)
+        return f"{'n/a':>{width + 1}}" if math.isnan(value) else f"{value:>{width}.{digits}f}{unit}"
+
     for label, field in (("whole run", "whole_s"), ("pipeline, engine start in", "pipeline_s"),
                          ("steady state", "generate_s")):
         a, k = getattr(raw, field), getattr(kit, field)
         b = getattr(tuned, field) if tuned else None
-        lines.append(f"{label:28}{a:>9.1f}s" + (f"{b:>9.1f}s" if tuned else "") + f"{k:>9.1f}s{a / k:>9.2f}x"
-                     + (f"{b / k:>12.2f}x" if tuned else ""))
+        lines.append(f"{label:28}{cell(a, 's', 9, 1)}" + (cell(b, "s", 9, 1) if tuned else "")
+                     + f"{cell(k, 's', 9, 1)}{cell(a / k, 'x', 9, 2)}" + (cell(b / k, "x", 12, 2) if tuned else ""))
     return "\n".join(lines)
 
 

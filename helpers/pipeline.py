@@ -200,13 +200,14 @@ def finish(table, *, carry: Sequence[str], outputs: Mapping[str, Any]):
 
 @dataclass(frozen=True)
 class Throughput:
-    """Rows per second two ways: end to end (engine start included) and in steady state (from the
-    first written result file to the last; what a long run approaches)."""
+    """Rows per second two ways: end to end (engine start included) and in steady state (the rate
+    the result files were written at, once they came; what a long run approaches), with how the
+    steady state was measured or why it was not (:func:`steady_state`)."""
 
     rows: int  # rows written in this run (answered or not)
     seconds: float  # the pipeline, engine start included
-    steady_rows: int  # rows written after the first result file
-    steady_seconds: float  # from the first result file to the last
+    steady: float = float("nan")  # rows/s in steady state; NaN: not measured (see steady_basis)
+    steady_basis: str = ""  # how the steady state was measured, or why it was not
     answered_rows: int = 0  # rows the model answered in this run
     input_tokens: int = 0  # their prompt tokens
     output_tokens: int = 0  # their generated tokens
@@ -214,10 +215,6 @@ class Throughput:
     @property
     def end_to_end(self) -> float:
         return self.rows / self.seconds if self.seconds else float("nan")
-
-    @property
-    def steady(self) -> float:
-        return self.steady_rows / self.steady_seconds if self.steady_seconds > 0 else float("nan")
 
 
 @dataclass(frozen=True)
@@ -279,15 +276,49 @@ def _stats(ds) -> str:
         return f"(no statistics: {exc})"
 
 
-def _steady(files: list[Path]) -> tuple[int, float]:
-    """Rows written after the first result file, and the time from it to the last file."""
-    if len(files) < 2:
-        return 0, 0.0
+#: The steady state is claimed from at least this many result files ...
+STEADY_MIN_FILES = 5
+#: ... that came over at least this share of the pipeline's time. Ray Data passes an engine task's
+#: rows on as one block when the task ends (rows this small never fill a block sooner): when every
+#: block is in the engine at once (no more blocks than batches the engine takes at a time), all of
+#: them end together and the files come in one burst at the end, which says nothing about the rate
+#: (600 images in 4 blocks on a 2-core CPU: 4 files within 1.2 s of an 85 s pipeline).
+STEADY_MIN_SHARE = 0.1
+
+
+def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[float, str]:
+    """Rows per second in steady state from this run's result files (``(written at, rows)`` pairs)
+    and the pipeline's ``seconds``, and how it was measured: the slope of the rows written against
+    time, fitted (least squares) over the files. Files that come in waves (several blocks ending
+    together) are fitted as well as a steady stream. NaN, with the reason, from fewer than
+    :data:`STEADY_MIN_FILES` files, or from files that came within :data:`STEADY_MIN_SHARE` of the
+    pipeline's time."""
+    nan = float("nan")
+    if len(files) < STEADY_MIN_FILES:
+        return nan, (f"not measured: {len(files)} result file(s), fewer than {STEADY_MIN_FILES} "
+                     f"(a longer run, or more blocks, writes more)")
+    ordered = sorted(files)
+    times = [t for t, _ in ordered]
+    span = times[-1] - times[0]
+    if span < STEADY_MIN_SHARE * seconds:
+        return nan, (f"not measured: the {len(files)} result files came within {span:.1f} s of a {seconds:.0f} s "
+                     f"pipeline, too short a window (a longer run, or more blocks than the engine takes at once, "
+                     f"spreads them out)")
+    written, total = [], 0
+    for _, rows in ordered:
+        total += rows
+        written.append(total)
+    mean_t, mean_w = sum(times) / len(times), sum(written) / len(written)
+    slope = (sum((t - mean_t) * (w - mean_w) for t, w in zip(times, written))
+             / sum((t - mean_t) ** 2 for t in times))
+    return slope, f"fitted over {len(files)} result files written in {span:.1f} s"
+
+
+def _steady(files: list[Path], seconds: float) -> tuple[float, str]:
+    """:func:`steady_state` of the result ``files`` (their modification times and rows)."""
     from helpers.outputs import parquet_rows
 
-    ordered = sorted(files, key=lambda p: p.stat().st_mtime)
-    return (sum(parquet_rows(p) for p in ordered[1:]),
-            ordered[-1].stat().st_mtime - ordered[0].stat().st_mtime)
+    return steady_state([(f.stat().st_mtime, parquet_rows(f)) for f in files], seconds)
 
 
 def _written_since(folder: Path, since: float) -> bool:
@@ -365,10 +396,10 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: pd.read_parquet(f) for f in sorted((out.parts(RESULTS)).glob("**/*.parquet"))}
     answered, errors = collect(out.root, answered_name, pd.concat(parts.values()) if parts else pd.DataFrame())
-    steady_rows, steady_seconds = _steady(written.files)
+    steady, steady_basis = _steady(written.files, seconds)
     now = pd.concat([parts[f] for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
     now = now[now[STAGE] == ""]
-    throughput = Throughput(written.rows, seconds, steady_rows, steady_seconds, answered_rows=len(now),
+    throughput = Throughput(written.rows, seconds, steady, steady_basis, answered_rows=len(now),
                             input_tokens=int(now.get("num_input_tokens", pd.Series(dtype=int)).sum()),
                             output_tokens=int(now.get("num_generated_tokens", pd.Series(dtype=int)).sum()))
     return RunResult(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def throughput(result) -> pd.Series:
         "wall time, engine start included (s)": round(t.seconds, 1),
         "rows/s, end to end": round(t.end_to_end, 2),
         "rows/s, steady state": round(t.steady, 2),
+        "steady state": t.steady_basis,
         "input tokens/row": round(t.input_tokens / rows, 1) if rows else float("nan"),
         "output tokens/row": round(t.output_tokens / rows, 2) if rows else float("nan"),
         "output tokens/s, steady state": round(t.output_tokens / rows * t.steady, 1) if rows else float("nan"),
@@ -181,7 +183,10 @@ def save_summary(result, summary: dict, **extra) -> Path:
     t = result.throughput
     record = {**summary, ENTERED_NOW: result.rows_entered_now,
               "rows written in this run": result.rows_written_now, "pipeline seconds": round(t.seconds, 2),
-              "rows/s end to end": round(t.end_to_end, 3), "rows/s steady state": round(t.steady, 3), **extra}
+              "rows/s end to end": round(t.end_to_end, 3),
+              # JSON has no NaN: a steady state that was not measured is null, and the basis says why.
+              "rows/s steady state": None if math.isnan(t.steady) else round(t.steady, 3),
+              "steady state": t.steady_basis, **extra}
     path = result.root / "summary.json"
     path.write_text(json.dumps(record, indent=2, default=str))
     return path

@@ -1,5 +1,6 @@
 """The shared plumbing: one pass writes every row, no single row fails a run, counts come from Ray."""
 
+import math
 import os
 import time
 
@@ -141,17 +142,35 @@ def test_collect_splits_answered_rows_from_errors(tmp_path):
     assert len(pd.read_parquet(tmp_path / "predictions.parquet")) == 1 and len(pd.read_parquet(tmp_path / "errors.parquet")) == 2
 
 
-def test_steady_state_runs_from_the_first_result_file_to_the_last(tmp_path):
+def test_steady_state_is_the_rate_the_result_files_came_at(tmp_path):
     files = []
-    for i, rows in enumerate([10, 20, 30]):
+    for i in range(6):  # 20 rows every 5 s
         path = tmp_path / f"{i}.parquet"
-        pd.DataFrame({"x": range(rows)}).to_parquet(path)
+        pd.DataFrame({"x": range(20)}).to_parquet(path)
         os.utime(path, (100 + 5 * i, 100 + 5 * i))
         files.append(path)
-    assert pipeline._steady(files) == (50, 10.0)
-    assert pipeline._steady(files[:1]) == (0, 0.0)
-    t = pipeline.Throughput(rows=60, seconds=30, steady_rows=50, steady_seconds=10.0)
-    assert t.end_to_end == 2 and t.steady == 5
+    rate, basis = pipeline._steady(files, seconds=60)
+    assert rate == pytest.approx(4.0) and basis == "fitted over 6 result files written in 25.0 s"
+    t = pipeline.Throughput(rows=120, seconds=60, steady=rate, steady_basis=basis)
+    assert t.end_to_end == 2 and t.steady == pytest.approx(4.0)
+
+
+def test_steady_state_fits_waves_of_files():
+    # Two waves of 4 blocks (40 rows each) that end together, 50 s apart: 160 rows per 50 s. From the
+    # first file to the last (7 files' rows over 50 s) it would read 5.6 rows/s instead of 3.2.
+    waves = [(100.0 + 0.1 * i, 40) for i in range(4)] + [(150.0 + 0.1 * i, 40) for i in range(4)]
+    rate, _ = pipeline.steady_state(waves, seconds=160)
+    assert rate == pytest.approx(160 / 50, rel=0.01)
+
+
+def test_steady_state_is_not_claimed_from_a_burst_or_a_handful_of_files():
+    # 600 images in 4 blocks on a 2-core CPU: 4 files within 1.2 s of an 85 s pipeline.
+    rate, basis = pipeline.steady_state([(180.0, 150), (180.4, 150), (180.9, 150), (181.2, 150)], seconds=85)
+    assert math.isnan(rate) and basis.startswith("not measured: 4 result file(s), fewer than 5")
+    burst = [(180.0 + 0.2 * i, 50) for i in range(12)]  # 12 files, all within 2.2 s
+    rate, basis = pipeline.steady_state(burst, seconds=85)
+    assert math.isnan(rate) and "came within 2.2 s of a 85 s pipeline" in basis
+    assert math.isnan(pipeline.steady_state([], seconds=10)[0])
 
 
 class Op:

@@ -34,14 +34,34 @@ def result(answered, errors, read_now, written_before=0):
     return RunResult(root=Path("."), answered=answered, errors=errors, rows_entered_now=read_now,
                      rows_written_now=len(answered) + len(errors) - written_before,
                      rows_written_before=written_before,
-                     throughput=Throughput(rows=100, seconds=50, steady_rows=90, steady_seconds=10,
+                     throughput=Throughput(rows=100, seconds=50, steady=9.0, steady_basis="fitted over 9 result files",
                                            answered_rows=100, input_tokens=5000, output_tokens=300))
 
 
 def test_throughput_end_to_end_and_steady_state():
     t = report.throughput(result(pd.DataFrame(), pd.DataFrame(), 0))
     assert t["rows/s, end to end"] == 2 and t["rows/s, steady state"] == 9
+    assert t["steady state"] == "fitted over 9 result files"
     assert t["input tokens/row"] == 50 and t["output tokens/row"] == 3 and t["output tokens/s, steady state"] == 27
+
+
+def test_a_steady_state_not_measured_is_null_in_the_summary_with_its_reason(tmp_path):
+    import dataclasses
+    import json
+
+    from helpers.pipeline import Throughput
+
+    unmeasured = dataclasses.replace(result(pd.DataFrame(), pd.DataFrame(), 0), root=tmp_path, throughput=Throughput(
+        rows=24, seconds=51.4, steady_basis="not measured: 2 result file(s), fewer than 5"))
+    table = report.throughput(unmeasured)
+    assert math.isnan(table["rows/s, steady state"]) and table["steady state"].startswith("not measured")
+
+    def no_nan(constant):  # Python writes NaN into JSON unless told not to; JSON has no NaN
+        raise AssertionError(f"summary.json holds {constant}")
+
+    summary = json.loads(report.save_summary(unmeasured, {}).read_text(), parse_constant=no_nan)
+    assert summary["rows/s steady state"] is None
+    assert summary["steady state"] == "not measured: 2 result file(s), fewer than 5"
 
 
 def test_run_summary_accounts_for_every_row():
