@@ -292,26 +292,19 @@ def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[fl
     time, fitted (least squares) over the files. Files that come in waves (several blocks ending
     together) are fitted as well as a steady stream. NaN, with the reason, from fewer than
     :data:`STEADY_MIN_FILES` files, or from files that came within :data:`STEADY_MIN_SHARE` of the
-    pipeline's time."""
+    pipeline's time. The reasons are short enough for a table cell; a longer run, or more blocks
+    than the engine takes at once, writes more files over more of the run."""
     nan = float("nan")
     if len(files) < STEADY_MIN_FILES:
-        return nan, (f"not measured: {len(files)} result file(s), fewer than {STEADY_MIN_FILES} "
-                     f"(a longer run, or more blocks, writes more)")
-    ordered = sorted(files)
-    times = [t for t, _ in ordered]
-    span = times[-1] - times[0]
-    if span < STEADY_MIN_SHARE * seconds:
-        return nan, (f"not measured: the {len(files)} result files came within {span:.1f} s of a {seconds:.0f} s "
-                     f"pipeline, too short a window (a longer run, or more blocks than the engine takes at once, "
-                     f"spreads them out)")
-    written, total = [], 0
-    for _, rows in ordered:
-        total += rows
-        written.append(total)
-    mean_t, mean_w = sum(times) / len(times), sum(written) / len(written)
-    slope = (sum((t - mean_t) * (w - mean_w) for t, w in zip(times, written))
-             / sum((t - mean_t) ** 2 for t in times))
-    return slope, f"fitted over {len(files)} result files written in {span:.1f} s"
+        return nan, f"not measured: {len(files)} result files, fewer than {STEADY_MIN_FILES}"
+    import numpy as np
+
+    times, rows = np.array(sorted(files), dtype=float).T
+    span = float(times[-1] - times[0])
+    if span <= 0 or span < STEADY_MIN_SHARE * seconds:
+        return nan, f"not measured: {len(files)} files came within {span:.1f} s of {seconds:.0f} s"
+    slope = np.polyfit(times, np.cumsum(rows), 1)[0]  # rows written so far against time
+    return float(slope), f"fitted over {len(files)} result files written in {span:.1f} s"
 
 
 def _steady(files: list[Path], seconds: float) -> tuple[float, str]:

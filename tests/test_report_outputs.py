@@ -52,7 +52,7 @@ def test_a_steady_state_not_measured_is_null_in_the_summary_with_its_reason(tmp_
     from helpers.pipeline import Throughput
 
     unmeasured = dataclasses.replace(result(pd.DataFrame(), pd.DataFrame(), 0), root=tmp_path, throughput=Throughput(
-        rows=24, seconds=51.4, steady_basis="not measured: 2 result file(s), fewer than 5"))
+        rows=24, seconds=51.4, steady_basis="not measured: 2 result files, fewer than 5"))
     table = report.throughput(unmeasured)
     assert math.isnan(table["rows/s, steady state"]) and table["steady state"].startswith("not measured")
 
@@ -61,7 +61,7 @@ def test_a_steady_state_not_measured_is_null_in_the_summary_with_its_reason(tmp_
 
     summary = json.loads(report.save_summary(unmeasured, {}).read_text(), parse_constant=no_nan)
     assert summary["rows/s steady state"] is None
-    assert summary["steady state"] == "not measured: 2 result file(s), fewer than 5"
+    assert summary["steady state"] == "not measured: 2 result files, fewer than 5"
 
 
 def test_run_summary_accounts_for_every_row():
