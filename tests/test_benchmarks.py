@@ -1,5 +1,7 @@
 """Benchmarks stay runnable: a tiny run of each, with no timing assertions."""
 
+import re
+
 import pytest
 
 from conftest import load_script
@@ -85,7 +87,11 @@ def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
     status = bench.main(["--rows", "40", "--images", "3", "--workdir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "== text classification, 40 prompts" in out and "== image captioning, 3 images" in out
-    assert out.count("steady state") == 2
+    steady_rows = re.findall(r"^steady state.*$", out, re.M)  # one table row per task
+    assert len(steady_rows) == 2
+    # A run this small may write too few result files to measure a steady state: then the row says
+    # n/a and the kit's reason is printed, never a number.
+    assert sum("n/a" in row for row in steady_rows) == out.count("kit steady state not measured: ")
     # Exact on both tasks and both raw runs: the same rows answered, the same requests sent.
     assert out.count("; the same ids") == 4, out
     assert out.count("requests identical (prompt tokens + sampling settings): 40 of 40") == 2, out
