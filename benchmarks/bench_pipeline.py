@@ -182,9 +182,9 @@ def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Ti
     whole = time.perf_counter() - started
     summary = json.loads((folder / "summary.json").read_text())
     rate = summary["rows/s steady state"]  # null when the run could not measure it ("steady state" says why)
-    if not rate:
+    if rate is None:
         print(f"kit steady state {summary['steady state']}", flush=True)
-    steady = summary["rows written in this run"] / rate if rate else float("nan")
+    steady = float("nan") if rate is None else summary["rows written in this run"] / rate
     return Timing(whole, float(summary["pipeline seconds"]), steady), folder
 
 

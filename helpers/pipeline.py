@@ -307,13 +307,6 @@ def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[fl
     return float(slope), f"fitted over {len(files)} result files written in {span:.1f} s"
 
 
-def _steady(files: list[Path], seconds: float) -> tuple[float, str]:
-    """:func:`steady_state` of the result ``files`` (their modification times and rows)."""
-    from helpers.outputs import parquet_rows
-
-    return steady_state([(f.stat().st_mtime, parquet_rows(f)) for f in files], seconds)
-
-
 def _written_since(folder: Path, since: float) -> bool:
     return any(f.stat().st_mtime >= since for f in folder.glob("**/*.parquet")) if folder.exists() else False
 
@@ -389,7 +382,7 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: pd.read_parquet(f) for f in sorted((out.parts(RESULTS)).glob("**/*.parquet"))}
     answered, errors = collect(out.root, answered_name, pd.concat(parts.values()) if parts else pd.DataFrame())
-    steady, steady_basis = _steady(written.files, seconds)
+    steady, steady_basis = steady_state([(f.stat().st_mtime, len(parts[f])) for f in written.files], seconds)
     now = pd.concat([parts[f] for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
     now = now[now[STAGE] == ""]
     throughput = Throughput(written.rows, seconds, steady, steady_basis, answered_rows=len(now),

@@ -1,7 +1,6 @@
 """The shared plumbing: one pass writes every row, no single row fails a run, counts come from Ray."""
 
 import math
-import os
 import time
 
 import pandas as pd
@@ -142,14 +141,9 @@ def test_collect_splits_answered_rows_from_errors(tmp_path):
     assert len(pd.read_parquet(tmp_path / "predictions.parquet")) == 1 and len(pd.read_parquet(tmp_path / "errors.parquet")) == 2
 
 
-def test_steady_state_is_the_rate_the_result_files_came_at(tmp_path):
-    files = []
-    for i in range(6):  # 20 rows every 5 s
-        path = tmp_path / f"{i}.parquet"
-        pd.DataFrame({"x": range(20)}).to_parquet(path)
-        os.utime(path, (100 + 5 * i, 100 + 5 * i))
-        files.append(path)
-    rate, basis = pipeline._steady(files, seconds=60)
+def test_steady_state_is_the_rate_the_result_files_came_at():
+    files = [(100.0 + 5 * i, 20) for i in range(6)]  # 20 rows every 5 s
+    rate, basis = pipeline.steady_state(files, seconds=60)
     assert rate == pytest.approx(4.0) and basis == "fitted over 6 result files written in 25.0 s"
     t = pipeline.Throughput(rows=120, seconds=60, steady=rate, steady_basis=basis)
     assert t.end_to_end == 2 and t.steady == pytest.approx(4.0)
