@@ -26,9 +26,23 @@ def _concurrency_ok(value: Any) -> bool:
     return False
 
 
+def _flag_problem(name: str, value: Any, *, optional: bool = False) -> list[str]:
+    """A True/False parameter (``optional``: or None) given anything else. On the command line a
+    user types ``-p TRUST_REMOTE_CODE false``: papermill passes the string ``'false'``, which Python
+    reads as true, so strings are refused here, with how to write the value instead."""
+    if isinstance(value, bool) or (optional and value is None):
+        return []
+    allowed = "True, False or None (from PRESET)" if optional else "True or False"
+    hint = " (a string; on the command line write True or False, capitalised)" if isinstance(value, str) else ""
+    return [f"{name} must be {allowed}, got {value!r}{hint}"]
+
+
 def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
     """Problems with the parameters both notebooks share (``task``: "text" or "vision")."""
     problems = []
+    for name in ("TRUST_REMOTE_CODE", "VERBOSE", "RESUME"):
+        problems += _flag_problem(name, p[name])
+    problems += _flag_problem("ENFORCE_EAGER", p["ENFORCE_EAGER"], optional=True)
     if p["LIMIT"] is not None and not (_is_int(p["LIMIT"]) and p["LIMIT"] >= 1):
         problems.append(f"LIMIT must be a positive integer or None (all rows), got {p['LIMIT']!r}")
     if p["PRESET"] not in presets.names(task):
@@ -46,16 +60,12 @@ def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
     if p["ACCELERATOR_TYPE"] is not None and not (isinstance(p["ACCELERATOR_TYPE"], str) and p["ACCELERATOR_TYPE"]):
         problems.append(f"ACCELERATOR_TYPE must be a GPU type such as 'L4' or None (from PRESET; the CPU presets "
                         f"run on the CPU), got {p['ACCELERATOR_TYPE']!r}")
-    if p["ENFORCE_EAGER"] is not None and not isinstance(p["ENFORCE_EAGER"], bool):
-        problems.append(f"ENFORCE_EAGER must be True, False or None (from PRESET), got {p['ENFORCE_EAGER']!r}")
     if not isinstance(p["OUTPUT_DIR"], str) or not p["OUTPUT_DIR"].strip():
         problems.append(f"OUTPUT_DIR must be a folder path, got {p['OUTPUT_DIR']!r}")
     if not (isinstance(p["TEMPERATURE"], (int, float)) and 0 <= p["TEMPERATURE"] <= 2):
         problems.append(f"TEMPERATURE must be between 0 and 2, got {p['TEMPERATURE']!r}")
     if not (isinstance(p["CPU_STAGE_CPUS"], (int, float)) and 0 < p["CPU_STAGE_CPUS"] <= 8):
         problems.append(f"CPU_STAGE_CPUS must be in (0, 8], got {p['CPU_STAGE_CPUS']!r}")
-    if not isinstance(p["RESUME"], bool):
-        problems.append(f"RESUME must be True or False, got {p['RESUME']!r}")
     if not (_is_int(p["STARTUP_TIMEOUT_S"]) and p["STARTUP_TIMEOUT_S"] >= 10):
         problems.append(f"STARTUP_TIMEOUT_S must be a whole number of seconds >= 10, got {p['STARTUP_TIMEOUT_S']!r}")
     if p["KV_CACHE_GIB"] is not None and not (isinstance(p["KV_CACHE_GIB"], (int, float)) and p["KV_CACHE_GIB"] > 0):
@@ -77,8 +87,7 @@ def text_problems(p: Mapping[str, Any]) -> list[str]:
     for name in ("ID_COLUMN", "LABEL_COLUMN"):
         if p[name] is not None and not (isinstance(p[name], str) and p[name]):
             problems.append(f"{name} must name a column or be None, got {p[name]!r}")
-    if p["TOKENIZE_STAGE"] is not None and not isinstance(p["TOKENIZE_STAGE"], bool):
-        problems.append(f"TOKENIZE_STAGE must be True, False or None (from PRESET), got {p['TOKENIZE_STAGE']!r}")
+    problems += _flag_problem("TOKENIZE_STAGE", p["TOKENIZE_STAGE"], optional=True)
     if not isinstance(p["USER_TEMPLATE"], str) or "{text}" not in p["USER_TEMPLATE"]:
         problems.append(f"USER_TEMPLATE must contain '{{text}}', got {p['USER_TEMPLATE']!r}")
     return problems
@@ -98,8 +107,7 @@ def caption_problems(p: Mapping[str, Any]) -> list[str]:
     for name in ("SYSTEM_PROMPT", "PROMPT", "IMAGE_COLUMN"):
         if not isinstance(p[name], str) or not p[name].strip():
             problems.append(f"{name} must be a non-empty string, got {p[name]!r}")
-    if not isinstance(p["KEEP_ASPECT"], bool):
-        problems.append(f"KEEP_ASPECT must be True or False, got {p['KEEP_ASPECT']!r}")
+    problems += _flag_problem("KEEP_ASPECT", p["KEEP_ASPECT"])
     if p["ID_COLUMN"] is not None and not (isinstance(p["ID_COLUMN"], str) and p["ID_COLUMN"]):
         problems.append(f"ID_COLUMN must name a column or be None, got {p['ID_COLUMN']!r}")
     return problems

@@ -25,8 +25,11 @@ class Gpu:
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in [
-    Gpu("T4", 16, False), Gpu("L4", 24, False), Gpu("A10G", 24, False),
+    Gpu("T4", 16, False), Gpu("L4", 24, False), Gpu("A10G", 24, False), Gpu("L40S", 48, False),
     Gpu("A100-40G", 40, True), Gpu("A100-80G", 80, True), Gpu("H100", 80, True), Gpu("H200", 141, True),
+    # What a node with A100s advertises (Ray labels GPUs by their NVML name, which does not say the
+    # memory): the smaller of the two, unless the memory was measured.
+    Gpu("A100", 40, True),
 ]}
 
 
@@ -166,17 +169,14 @@ class AutoPresetError(RuntimeError):
     """``PRESET="auto"`` cannot choose safely from what the cluster shows; the message says what to do."""
 
 
-#: Ray's GPU type labels by the words in a CUDA device's name (used for a local GPU before Ray starts).
-_GPU_NAMES = (("H200", "H200"), ("H100", "H100"), ("A10G", "A10G"), ("L4", "L4"), ("T4", "T4"))
+def _gpu_label(device_name: str) -> str:
+    """The ``accelerator_type`` a Ray node advertises for a CUDA device called ``device_name``:
+    Ray's own rule (the NVML name's model token), so that "auto" names the GPU type exactly as the
+    local Ray will schedule it. "NVIDIA L40S" is an L40S and "NVIDIA GH200 480GB" a GH200, never an
+    L4 or an H200 (a substring match took them for those, with their memory)."""
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
 
-
-def _gpu_label(device_name: str, memory_gib: float) -> str:
-    for words, label in _GPU_NAMES:
-        if words in device_name:
-            return label
-    if "A100" in device_name:
-        return "A100-80G" if memory_gib > 60 else "A100-40G"
-    return device_name.replace("NVIDIA ", "").replace(" ", "-") or "unknown"
+    return NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(device_name) or "unknown"
 
 
 def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
         if count:
             props = torch.cuda.get_device_properties(0)
             memory = props.total_memory / 1024**3
-            cluster.update({"GPU": float(count), f"accelerator_type:{_gpu_label(props.name, memory)}": 1.0,
+            cluster.update({"GPU": float(count), f"accelerator_type:{_gpu_label(props.name)}": 1.0,
                             "gpu_memory_gib": memory})
     except ImportError:
         pass
@@ -236,7 +236,8 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
     base = PRESETS[DEFAULT_GPU_PRESET[task]]
     model = model_source if model_source not in (None, "offline") else base.model_source
     known = GPUS.get(gpu_type or "")
-    memory = known.memory_gib if known else cluster.get("gpu_memory_gib")
+    # Measured memory (a local GPU) first: the same type comes in several sizes (A100: 40 or 80 GiB).
+    memory = cluster.get("gpu_memory_gib") or (known.memory_gib if known else None)
     reasons = {}
     if memory is None:
         memory = min(g.memory_gib for g in GPUS.values())

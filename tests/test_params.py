@@ -77,6 +77,12 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
     ("vlm_captioning", "MAX_PIXELS", None, "MAX_PIXELS must be a positive integer"),
     ("vlm_captioning", "PROMPT", " ", "PROMPT must be a non-empty string"),
     ("vlm_captioning", "KEEP_ASPECT", "yes", "KEEP_ASPECT must be True or False"),
+    # As a user types them on the command line: papermill passes 'false' as a (truthy) string.
+    ("text_classification", "TRUST_REMOTE_CODE", "false", "TRUST_REMOTE_CODE must be True or False, got 'false' (a string"),
+    ("vlm_captioning", "TRUST_REMOTE_CODE", "False", "TRUST_REMOTE_CODE must be True or False"),
+    ("text_classification", "VERBOSE", "true", "VERBOSE must be True or False"),
+    ("vlm_captioning", "VERBOSE", 1, "VERBOSE must be True or False"),
+    ("text_classification", "ENFORCE_EAGER", "false", "ENFORCE_EAGER must be True, False or None"),
     ("vlm_captioning", "BATCH_SIZE", 0, "BATCH_SIZE must be a positive integer"),
     ("vlm_captioning", "PRESET", "text-cpu-offline", "PRESET must be one of ['auto', 'vision-cpu-offline'"),
 ])
@@ -114,3 +120,15 @@ def test_papermill_reads_every_parameter(repo):
     for path in sorted((repo / "notebooks").glob("*.ipynb")):
         cell, _ = notebook_defaults(repo, path.stem)
         assert set(papermill.inspect_notebook(str(path))) == {p.name for p in params.parse_cell(cell.source)}
+
+
+def test_a_flag_typed_in_lower_case_reaches_the_notebook_as_a_string_and_is_refused(repo):
+    """Why the flags are checked: papermill's ``-p TRUST_REMOTE_CODE false`` passes the string
+    'false', which Python reads as true (a model's own code would run)."""
+    from papermill.cli import _resolve_type
+
+    assert _resolve_type("false") == "false" and _resolve_type("False") is False
+    for notebook, problems in PROBLEMS.items():
+        _, defaults = notebook_defaults(repo, notebook)
+        assert problems({**defaults, "TRUST_REMOTE_CODE": _resolve_type("false")}) != []
+        assert problems({**defaults, "TRUST_REMOTE_CODE": _resolve_type("False")}) == []

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from helpers import checks, classify, presets
@@ -101,6 +103,48 @@ def test_model_shape_from_config_matches_published_size():
     assert shape.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"].kv_bytes_per_token
 
 
+MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-Instruct-v0.1's config.json (46.7e9 weights published)
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+    "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def test_mixture_of_experts_counts_every_expert():
+    shape = checks.ModelShape.from_config(MIXTRAL_8X7B)
+    assert abs(shape.parameters - 46.7e9) / 46.7e9 < 0.01, shape.parameters  # was 7.2e9: one expert's worth
+    dense = checks.ModelShape.from_config({k: v for k, v in MIXTRAL_8X7B.items() if k != "num_local_experts"})
+    assert dense.parameters < 7.5e9
+
+
+def test_auto_gives_a_mixture_of_experts_model_the_gpus_its_weights_need(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
+    chosen = presets.select("auto", "text", cluster={"GPU": 4.0, "accelerator_type:H100": 1.0},
+                            model_source=str(tmp_path))
+    assert chosen.tensor_parallel_size == 2 and chosen.concurrency == 2  # ~87 GiB of weights: two H100s each
+
+
+def test_a_checkpoint_states_its_weight_count(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    config = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+              "vocab_size": 1000}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"a": torch.zeros(1000, 64), "b": torch.zeros(3, 5)}, str(tmp_path / "model.safetensors"))
+    assert checks.checkpoint_parameters(tmp_path) == 64_015
+    assert checks.model_shape(str(tmp_path)).parameters == 64_015  # read, not the config's estimate
+    (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00001.safetensors")
+    index = {"metadata": {"total_size": 256_060}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert checks.checkpoint_parameters(tmp_path) == 64_015  # the shards' headers
+    (tmp_path / "model-00001-of-00001.safetensors").unlink()
+    assert checks.checkpoint_parameters(tmp_path) == 128_030  # total_size / 2 bytes (bf16 by default)
+    index["metadata"]["total_parameters"] = 99
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert checks.checkpoint_parameters(tmp_path) == 99
+    assert checks.checkpoint_parameters(tmp_path / "nothing") is None
+
+
 def test_tensor_parallel_over_pcie_is_warned():
     [finding] = checks.interconnect(PRESETS["text-llama8b-l4"].override(tensor_parallel_size=2))
     assert finding.level == "warning" and "PCIe" in finding.message
@@ -192,6 +236,26 @@ def test_auto_sizes_the_offline_model_from_its_folder(smollm2_path):
     p = presets.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:H100": 1.0},
                        model_source=str(smollm2_path))
     assert p.model_source == str(smollm2_path) and p.concurrency == 1 and p.max_num_seqs == 1024
+
+
+@pytest.mark.parametrize("device_name, label", [
+    ("NVIDIA L40S", "L40S"), ("NVIDIA GH200 480GB", "GH200"), ("NVIDIA H100 80GB HBM3", "H100"),
+    ("NVIDIA H200", "H200"), ("NVIDIA L4", "L4"), ("Tesla T4", "T4"), ("NVIDIA A10G", "A10G"),
+    ("NVIDIA A100-SXM4-80GB", "A100"),
+])
+def test_a_local_gpu_is_named_as_ray_names_it(device_name, label):
+    """A substring match took an L40S for an L4 and a GH200 for an H200 (and their memory with it)."""
+    assert presets._gpu_label(device_name) == label
+
+
+def test_auto_on_a_gpu_it_does_not_know_by_name_uses_the_measured_memory():
+    l40s = _auto("text", GPU=1.0, gpu_memory_gib=44.4, **{"accelerator_type:L40S": 1.0})
+    assert l40s.accelerator_type == "L40S" and "44 GiB" in dict(l40s.reasons)["accelerator_type"]
+    gh200 = _auto("text", GPU=1.0, gpu_memory_gib=94.2, **{"accelerator_type:GH200": 1.0})
+    assert gh200.accelerator_type == "GH200" and "94 GiB" in dict(gh200.reasons)["accelerator_type"]
+    a100 = _auto("text", GPU=1.0, gpu_memory_gib=79.1, **{"accelerator_type:A100": 1.0})
+    assert "79 GiB" in dict(a100.reasons)["accelerator_type"]  # measured, not the table's smaller A100
+    assert "40 GiB" in dict(_auto("text", GPU=1.0, **{"accelerator_type:A100": 1.0}).reasons)["accelerator_type"]
 
 
 @pytest.mark.parametrize("gpu, memory_gib, name", [
