@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -46,14 +48,99 @@ def resolve_input_path(path: str | None) -> str:
     return str(local)
 
 
-def require_columns(available: Sequence[str], required: Iterable[str | None], what: str = "input") -> None:
-    """Fail fast, naming the columns that do exist, when a required column is missing."""
+class EmptyInputError(ValueError):
+    """The input holds no rows at all (a CSV with a header only, an empty folder of parquet)."""
+
+
+def require_columns(available: Sequence[str] | None, required: Iterable[str | None], what: str = "input",
+                    path: str | None = None) -> None:
+    """Fail fast, naming the columns that do exist, when a required column is missing.
+
+    ``available`` is ``None`` when the input has no rows (Ray's ``Dataset.columns()`` of a CSV with
+    only a header): that is an :class:`EmptyInputError`, naming ``path``."""
+    if available is None:
+        where = f" at {path!r}" if path else ""
+        raise EmptyInputError(f"The {what}{where} holds no rows (a CSV with only a header, or empty files): "
+                              "nothing to run on. Point INPUT_PATH at data with rows.")
     missing = [c for c in required if c is not None and c not in available]
     if missing:
         raise ValueError(
             f"The {what} has no column {', '.join(repr(m) for m in missing)}. "
             f"Columns it has: {', '.join(repr(a) for a in available)}."
         )
+
+
+def string_columns(*names: str | None):
+    """CSV convert options that read ``names`` as text (``read_csv(convert_options=...)``).
+
+    pyarrow infers a CSV column's type from the first block it reads: an id column of digits, or a
+    company called ``1-800-Flowers`` after a run of numbers, reads as a number there and fails the
+    whole run when a later block holds text. Ids, texts and labels are text: read them as such.
+    Names the file does not have are ignored."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    return pacsv.ConvertOptions(column_types={n: pa.string() for n in names if n})
+
+
+class IdColumnError(ValueError):
+    """``ID_COLUMN`` has empty or repeated values: rows could not be told apart (or resumed) by it."""
+
+
+@dataclass(frozen=True)
+class IdReport:
+    """What :func:`check_ids` found in an id column."""
+
+    rows: int
+    empty: int  # rows whose id is null, "" or only whitespace
+    repeated_values: int  # distinct ids that more than one row has
+    examples: tuple[tuple[str, int], ...]  # up to 5 of them, with how many rows have each
+
+    def problem(self, column: str) -> str:
+        """What is wrong with ``column``, and what to do ("" when nothing is)."""
+        found = []
+        if self.empty:
+            found.append(f"{self.empty} of {self.rows} rows have no {column!r} value")
+        if self.repeated_values:
+            shown = ", ".join(f"{v!r} ({n} rows)" for v, n in self.examples)
+            more = "" if self.repeated_values <= len(self.examples) else f" and {self.repeated_values - len(self.examples)} more"
+            found.append(f"{self.repeated_values} {column!r} values are shared by several rows: {shown}{more}")
+        if not found:
+            return ""
+        return (f"ID_COLUMN={column!r} must give every row an id of its own, but {'; '.join(found)}. Results are "
+                f"matched to your rows, and an interrupted run is resumed, by this id: a shared or missing one would "
+                f"merge rows or skip them. Give those rows unique ids, or set ID_COLUMN=None to derive each row's id "
+                f"from its content (resuming is then off).")
+
+
+def _ids_as_text(batch, column: str):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = batch.column(column).cast(pa.string())
+    empty = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(ids), ""), True)
+    return pa.table({"id": ids, "empty": empty})
+
+
+def check_ids(ds, column: str, *, num_cpus: float = 0.1, examples: int = 5) -> IdReport:
+    """Read ``column`` of ``ds`` once and count empty and repeated ids; raise :class:`IdColumnError`
+    with the values and the fix if there are any. A Ray Data job over the id column alone (after
+    the read, only that column travels); repeats are found by Ray's groupby, so a column of
+    millions of ids never comes to this process."""
+    ids = ds.select_columns([column]).map_batches(_ids_as_text, batch_format="pyarrow", num_cpus=num_cpus,
+                                                  fn_kwargs={"column": column}).materialize()
+    rows = ids.count()
+    if not rows:
+        return IdReport(rows=0, empty=0, repeated_values=0, examples=())
+    empty = int(ids.sum("empty"))
+    repeated = (ids.filter(lambda r: not r["empty"], num_cpus=num_cpus).groupby("id").count()
+                .filter(lambda r: r["count()"] > 1, num_cpus=num_cpus).materialize())
+    found = repeated.count()
+    shown = sorted(((str(r["id"]), int(r["count()"])) for r in repeated.take(examples)), key=lambda x: (-x[1], x[0]))
+    report = IdReport(rows=rows, empty=empty, repeated_values=found, examples=tuple(shown))
+    if report.problem(column):
+        raise IdColumnError(report.problem(column))
+    return report
 
 
 def _content_id(row: pd.Series) -> str:

@@ -13,6 +13,7 @@ Each reader streams: a 5-million-image dataset is never loaded whole.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import tarfile
@@ -29,9 +30,19 @@ FORMATS = ("webdataset", "parquet", "images")
 SOURCE = "source"
 IMAGE_BYTES = "image_bytes"
 IMAGE = "image"
-#: Webdataset samples: the shard's file name and the sample's key. Keys repeat across shards (each
-#: shard may start at 000000), so this, not ``__key__``, identifies a sample and keys resuming.
+#: Webdataset samples: the shard's path under ``INPUT_PATH`` and the sample's key. Keys repeat across
+#: shards (each shard may start at 000000), and shard names across folders (``train/000000.tar``,
+#: ``val/000000.tar``), so this, not ``__key__``, identifies a sample and keys resuming.
 SAMPLE_ID = "sample_id"
+#: Fields (webdataset extensions) and parquet columns that hold an image, in the order they are tried:
+#: webdataset's own notation for alternatives. Scraped shards mix extensions; the Hugging Face
+#: parquet layout calls its column ``image``. Matched without regard to case (``a.JPG`` is a ``JPG`` field).
+ANY_IMAGE = "jpg;jpeg;png;webp;gif;bmp;tif;tiff;image"
+
+
+def image_fields(spec: str) -> tuple[str, ...]:
+    """The alternatives in an ``IMAGE_COLUMN`` value: ``"jpg;png"`` -> ``("jpg", "png")``."""
+    return tuple(f.strip() for f in spec.split(";") if f.strip())
 
 
 def detect_format(path: str, fs=None) -> str:
@@ -58,21 +69,34 @@ def source_id_column(input_format: str, id_column: str | None) -> str | None:
     return {"webdataset": SAMPLE_ID, "images": "path", "parquet": id_column}[input_format]
 
 
-def _with_sample_id(sample: dict[str, Any]) -> dict[str, Any]:
+def _relative_shard(url: str, root: str) -> str:
+    """The shard's path under ``root`` (``INPUT_PATH``), or its file name when ``root`` is the shard."""
+    def bare(path: str) -> str:
+        return (path.split("://", 1)[1] if "://" in path else path).strip("/")
+
+    shard, top = bare(url), bare(root)
+    if shard == top or not top:
+        return shard.rsplit("/", 1)[-1]
+    return shard[len(top) + 1:] if shard.startswith(top + "/") else shard
+
+
+def _with_sample_id(sample: dict[str, Any], root: str) -> dict[str, Any]:
     """Webdataset decoder: keep every field's raw bytes (decoding happens in :func:`prepare_batch`,
-    where failures are caught) and add :data:`SAMPLE_ID`."""
-    shard = str(sample.get("__url__") or "").rsplit("/", 1)[-1]
+    where failures are caught) and add :data:`SAMPLE_ID` (the shard's path under ``root`` and the key)."""
+    shard = _relative_shard(str(sample.get("__url__") or ""), root)
     return {**sample, SAMPLE_ID: f"{shard}/{sample.get('__key__')}"}
 
 
-def read_images(path: str, input_format: str, *, image_column: str = "jpg", id_column: str | None = None,
+def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, id_column: str | None = None,
                 num_cpus: float = 0.1, filesystem=None, check_rows: int = 20, num_blocks: int | None = None):
     """Read any of the three layouts into rows ``{row_id, source, image_bytes, reject_reason}`` plus
     the source's own id column (see :func:`source_id_column`), kept under its name so results can
     be matched to the source and interrupted runs resumed.
 
-    A row whose image field is missing, null or not bytes is kept, with a ``reject_reason``. A layout
-    that is wrong as a whole (none of the first ``check_rows`` rows has ``image_column``) fails here,
+    ``image_column`` names the image's field (webdataset) or column (parquet), or alternatives in
+    webdataset's notation (``"jpg;png"``): each row takes the first it has. A row whose image is
+    missing, null or not bytes is kept, with a ``reject_reason``. A layout that is wrong as a whole
+    (none of the first ``check_rows`` rows has ``image_column``) fails here,
     naming the fields that are there. ``num_blocks`` splits the rows into that many blocks as they
     are read (Ray's ``override_num_blocks``), so engine replicas get work from the first block
     without a repartition that waits for the whole dataset.
@@ -83,7 +107,8 @@ def read_images(path: str, input_format: str, *, image_column: str = "jpg", id_c
         raise ValueError(f"INPUT_FORMAT must be one of {FORMATS} or 'auto', got {input_format!r}")
     common = {"num_cpus": num_cpus, "filesystem": filesystem, "override_num_blocks": num_blocks}
     if input_format == "webdataset":
-        ds = ray.data.read_webdataset(path, decoder=_with_sample_id, include_paths=True, **common)
+        decoder = functools.partial(_with_sample_id, root=path)
+        ds = ray.data.read_webdataset(path, decoder=decoder, include_paths=True, **common)
         fn, kwargs = _from_webdataset, {"image_column": image_column}
     elif input_format == "parquet":
         ds = ray.data.read_parquet(path, include_paths=True, **common)
@@ -97,13 +122,28 @@ def read_images(path: str, input_format: str, *, image_column: str = "jpg", id_c
 
 
 def check_layout(rows: list[dict[str, Any]], image_column: str, input_format: str) -> None:
-    """Fail fast when none of ``rows`` (the first rows read) has a value in ``image_column``."""
-    if not rows or any(_present(r.get(image_column)) for r in rows):
+    """Fail fast when none of ``rows`` (the first rows read) has a value in ``image_column`` (or in
+    any of its alternatives)."""
+    if not rows or any(_present(_first_value(r, image_column)[0]) for r in rows):
         return
     fields = sorted({k for r in rows for k, v in r.items() if _present(v) and not k.startswith("__")} - {"path", SAMPLE_ID})
     what = "fields" if input_format == "webdataset" else "columns"
     raise ValueError(f"none of the first {len(rows)} {input_format} rows has a {image_column!r} value; "
-                     f"{what} they have: {fields}. Set IMAGE_COLUMN to the one that holds the image bytes.")
+                     f"{what} they have: {fields}. Set IMAGE_COLUMN to the one that holds the image bytes "
+                     f"(alternatives separated by ';').")
+
+
+def _first_value(row: dict[str, Any], spec: str) -> tuple[Any, str]:
+    """The value of the first field of ``spec`` (see :func:`image_fields`) that ``row`` has, matched
+    without regard to case, and its name; ``(None, "")`` when it has none."""
+    by_case = {}
+    for name in row:
+        by_case.setdefault(str(name).lower(), []).append(name)
+    for field in image_fields(spec):
+        for name in by_case.get(field.lower(), []):
+            if _present(row[name]) and not (isinstance(row[name], dict) and not _present(row[name].get("bytes"))):
+                return row[name], name
+    return None, ""
 
 
 def _present(value: Any) -> bool:
@@ -126,10 +166,20 @@ def image_value(value: Any, field: str) -> tuple[bytes, str]:
     return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
 
 
-def _values(batch: pd.DataFrame, field: str) -> list[tuple[bytes, str]]:
-    """:func:`image_value` for every row of ``batch`` (a batch without the field: all missing)."""
-    values = batch[field] if field in batch else [None] * len(batch)
-    return [image_value(v, field) for v in values]
+def _values(batch: pd.DataFrame, spec: str) -> list[tuple[bytes, str]]:
+    """:func:`image_value` for every row of ``batch``: its first field of ``spec`` that holds a value
+    (a batch without any of them: all missing)."""
+    fields = image_fields(spec)
+    if len(fields) == 1 and fields[0] in batch:  # the common case, without a per-row search
+        return [image_value(v, spec) for v in batch[fields[0]]]
+    wanted = {f.lower() for f in fields}
+    columns = [c for c in batch.columns if str(c).lower() in wanted]
+    rows = batch[columns].to_dict("records") if columns else [{}] * len(batch)
+    out = []
+    for row in rows:
+        value, name = _first_value(row, spec)
+        out.append(image_value(value, spec) if name == "" else image_value(value, name))
+    return out
 
 
 def _frame(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
@@ -139,8 +189,10 @@ def _frame(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -
 
 def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
     ids = batch[SAMPLE_ID].astype(str).tolist()
+    keys = batch["__key__"].astype(str).tolist()
     pairs = _values(batch, image_column)
-    return _frame(ids, [i.replace("/", ":", 1) for i in ids], pairs).assign(**{SAMPLE_ID: ids})
+    sources = [f"{i[: -len(k) - 1]}:{k}" for i, k in zip(ids, keys)]  # shard path:key
+    return _frame(ids, sources, pairs).assign(**{SAMPLE_ID: ids})
 
 
 def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:

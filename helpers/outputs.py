@@ -28,6 +28,8 @@ import pandas as pd
 PARTS = "parts"
 CHECKPOINT = "checkpoint"
 RUN_FILE = "run.json"
+#: The file that marks a folder as the kit's: only in such a folder does a run remove anything.
+MARKER = ".llm-batch-kit"
 PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
 #: Derived files a run writes at the end; every run rewrites them.
@@ -54,6 +56,9 @@ class RunOutputs:
     root: Path
     resume: bool
     message: str
+    #: Rows an interrupted run finished (its committed checkpoints' ids), 0 when starting fresh: a
+    #: resumed run with a row limit runs only the rest (:func:`helpers.pipeline.run`).
+    rows_done: int = 0
 
     def parts(self, name: str) -> Path:
         return self.root / PARTS / name
@@ -92,8 +97,11 @@ class RunOutputs:
                                  ray_remote_args={"num_cpus": num_cpus})
         finally:
             context.checkpoint_config = None
-        new = sorted(set(target.glob("**/*.parquet")) - before)
-        return Written(rows=sum(parquet_rows(p) for p in new), rows_before=sum(parquet_rows(p) for p in before),
+        after = set(target.glob("**/*.parquet"))
+        new = sorted(after - before)
+        # Files listed before the write that are gone now were deleted by Ray's recovery: data files of
+        # a write killed before its checkpoint committed (their rows are not done, and were run again).
+        return Written(rows=sum(parquet_rows(p) for p in new), rows_before=sum(parquet_rows(p) for p in before & after),
                        files=new)
 
 
@@ -121,29 +129,67 @@ def parquet_rows(path: Path) -> int:
     return pq.ParquetFile(path).metadata.num_rows
 
 
+class NotTheKitsFolderError(FileExistsError):
+    """``OUTPUT_DIR`` holds files the kit did not write: a run would remove folders by their names."""
+
+
+def claim_output_dir(path: str | Path) -> Path:
+    """Create ``path`` (if needed) and mark it as the kit's; return it, resolved.
+
+    A run removes its own earlier ``parts/``, ``checkpoint/`` and result files, by name. So it
+    works only in a folder that is new, empty, or marked as the kit's by an earlier run
+    (:data:`MARKER`; a ``run.json`` of the kit's also counts, as earlier versions wrote no marker).
+    Any other non-empty folder is refused, naming what is in it: pointed at a folder that holds a
+    training run, a run would otherwise delete that run's ``checkpoint/``. Executed notebooks
+    (``.ipynb``) are allowed in it: papermill writes its output notebook before the notebook runs."""
+    out = Path(path).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"OUTPUT_DIR={str(path)!r} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / MARKER).is_file() and not _kit_run_file(out / RUN_FILE):
+        others = sorted(p.name for p in out.iterdir() if p.suffix != ".ipynb")
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise NotTheKitsFolderError(
+                f"OUTPUT_DIR={str(path)!r} is not empty and was not written by this kit (it holds {shown}). A run "
+                "replaces its own earlier results there, by name, so it needs a folder of its own: choose a new "
+                "or empty folder.")
+    try:
+        (out / MARKER).write_text("Results of the LLM batch inference kit: a new run here replaces them.\n")
+    except OSError as exc:
+        raise PermissionError(f"OUTPUT_DIR={str(path)!r} is not writable: {exc}") from exc
+    return out
+
+
+def _kit_run_file(path: Path) -> bool:
+    try:
+        return "fingerprint" in json.loads(path.read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None) -> RunOutputs:
     """Create the output folder and decide whether this run resumes an interrupted one.
 
     It resumes only if ``resume`` is on, an earlier run left checkpoints, and that run used the
     same ``settings``; otherwise everything an earlier run wrote is removed (only the kit's own
-    files: other files in the folder are left alone). ``message`` says which happened.
+    files: other files in the folder are left alone). ``message`` says which happened. A folder
+    that is not the kit's is refused (:func:`claim_output_dir`).
     """
-    out = Path(path).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"OUTPUT_DIR={path!r} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    probe = out / ".write-test"
-    try:
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise PermissionError(f"OUTPUT_DIR={path!r} is not writable: {exc}") from exc
+    from helpers.storage import redact_all
+
+    out = claim_output_dir(path)
     run_file = out / RUN_FILE
-    current = fingerprint(settings or {})
+    # Secrets in a path (a presigned URL's signature) are never written; a re-signed URL still resumes.
+    settings = redact_all(dict(settings or {}))
+    current = fingerprint(settings)
     previous = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
     interrupted = any(has_checkpoint(folder) for folder in (out / CHECKPOINT).glob("*"))
+    rows_done = 0
     if resume and interrupted and previous == current:
         message = "resuming an interrupted run: rows it finished are skipped"
+        rows_done = sum(parquet_rows(f) for f in (out / CHECKPOINT).glob("*/*.parquet")
+                        if not f.name.endswith(".pending.parquet"))
     else:
         if resume and interrupted:
             message = "an interrupted run used other settings: starting fresh"
@@ -153,8 +199,8 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
             _remove(out / name)
     for name in DERIVED:
         _remove(out / name)
-    run_file.write_text(json.dumps({"fingerprint": current, "settings": dict(settings or {})}, indent=2, default=str))
-    return RunOutputs(root=out, resume=resume, message=message)
+    run_file.write_text(json.dumps({"fingerprint": current, "settings": settings}, indent=2, default=str))
+    return RunOutputs(root=out, resume=resume, message=message, rows_done=rows_done)
 
 
 def read_parts(folder: Path) -> pd.DataFrame:

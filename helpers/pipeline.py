@@ -362,10 +362,15 @@ def first_results_within(folder: Path, seconds: float | None) -> Iterator[None]:
 
 
 def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
-        outputs: Mapping[str, Any], id_column: str | None, answered_name: str) -> RunResult:
+        outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None) -> RunResult:
     """Run ``processor`` over ``ds`` once: every row, answered or not, is written in one pass to
     ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
     ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
+
+    ``limit`` is the run's ``LIMIT`` (``ds`` already holds at most that many rows). Resuming, Ray's
+    checkpoint filter drops the rows an interrupted run finished right after the read, so a limit
+    after it would count that many *new* rows: the run then takes only the ``limit`` minus the rows
+    done, and a retried job with ``LIMIT`` ends with ``LIMIT`` rows, each once.
 
     Ray Data starts every stage's actors at once (the engine's start overlaps the light stages');
     if no result is written within ``session.startup_timeout_s``, the run stops with a
@@ -373,6 +378,8 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     """
     stage_cpus = session.stage_cpus
     started = time.perf_counter()
+    if limit and out.rows_done:
+        ds = ds.limit(max(limit - out.rows_done, 0))
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                                fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})

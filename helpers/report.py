@@ -108,27 +108,40 @@ def _error_counts(errors: pd.DataFrame) -> tuple[int, int, int]:
             int(stages.get("postprocess", 0)))
 
 
-def _accounting(result, answered: int, errors: pd.DataFrame, what: str) -> dict:
-    """The counts every run shares, and the checks behind "all ... accounted for"."""
+def _accounting(result, answered: int, errors: pd.DataFrame, what: str, ids_from_content: bool) -> dict:
+    """The counts every run shares, and the checks behind "all ... accounted for".
+
+    Every row read is answered, rejected or failed, once: the counts must add up to the rows read,
+    and the row ids must be unique, except where ids are hashes of the rows' content
+    (``ids_from_content``: identical rows share one, and are each answered). Such runs never
+    resume, so the counts alone show a row written twice or lost."""
     rejected, engine_errors, postprocess_errors = _error_counts(errors)
     failed = engine_errors + postprocess_errors
     ids = pd.concat([result.answered.get("row_id", pd.Series(dtype=str)), errors.get("row_id", pd.Series(dtype=str))])
     read = result.rows_read
+    unique = bool(ids.is_unique)
+    counts_add_up = read is not None and answered + rejected + failed == read
+    sent = None if read is None else read - rejected
     return {
         f"{what} read": read if read is not None else "not counted (Ray gave no count of the rows entering)",
         "rejected before the model": rejected,
         "engine errors": engine_errors,
         "postprocess errors": postprocess_errors,
-        f"all {what} accounted for": read is not None and answered + rejected + failed == read and ids.is_unique,
-        "row ids unique": bool(ids.is_unique),
+        f"all {what} accounted for": counts_add_up and (unique or ids_from_content),
+        "row ids unique": unique,
+        **({f"{what} identical to another (ids from content)": int(ids.duplicated().sum())}
+           if ids_from_content and not unique else {}),
+        # Rows went to the model and none came back answered: a dead engine, not a good run.
+        "the model answered": answered > 0 or sent == 0,
     }
 
 
-def run_summary(result, *, prediction_column: str, labels: Sequence[str]) -> dict:
+def run_summary(result, *, prediction_column: str, labels: Sequence[str], ids_from_content: bool = False) -> dict:
     """Row accounting for a classification run (a :class:`helpers.pipeline.RunResult`): every row
-    read (counted by Ray where rows enter the pipeline) is classified, rejected or errored, once."""
+    read (counted by Ray where rows enter the pipeline) is classified, rejected or errored, once.
+    ``ids_from_content``: the row ids are content hashes (``ID_COLUMN=None``), shared by identical rows."""
     predictions = result.answered
-    base = _accounting(result, len(predictions), result.errors, "rows")
+    base = _accounting(result, len(predictions), result.errors, "rows", ids_from_content)
     unknown = sorted(set(predictions[prediction_column]) - set(labels)) if len(predictions) else []
     return {
         "rows read": base["rows read"],
@@ -138,15 +151,18 @@ def run_summary(result, *, prediction_column: str, labels: Sequence[str]) -> dic
         **({"postprocess errors": base["postprocess errors"]} if base["postprocess errors"] else {}),
         "all rows accounted for": base["all rows accounted for"],
         "row ids unique": base["row ids unique"],
+        **{k: v for k, v in base.items() if k.endswith("(ids from content)")},
+        "the model answered": base["the model answered"],
         "every prediction is a label": not unknown,
         "predictions outside the labels": unknown,
     }
 
 
-def caption_summary(result) -> dict:
-    """Row accounting for a captioning run: every image read is captioned, rejected or errored, once."""
+def caption_summary(result, *, ids_from_content: bool = False) -> dict:
+    """Row accounting for a captioning run: every image read is captioned, rejected or errored, once.
+    ``ids_from_content``: the row ids are hashes of the image bytes (parquet without ``ID_COLUMN``)."""
     captions = result.answered
-    base = _accounting(result, len(captions), result.errors, "images")
+    base = _accounting(result, len(captions), result.errors, "images", ids_from_content)
     return {
         "images read": base["images read"],
         "captioned": len(captions),
@@ -155,6 +171,8 @@ def caption_summary(result) -> dict:
         **({"postprocess errors": base["postprocess errors"]} if base["postprocess errors"] else {}),
         "all images accounted for": base["all images accounted for"],
         "row ids unique": base["row ids unique"],
+        **{k: v for k, v in base.items() if k.endswith("(ids from content)")},
+        "the model answered": base["the model answered"],
         "every rejected image has a reason": bool(result.errors["reason"].astype(str).str.len().gt(0).all())
         if len(result.errors) else True,
         "empty captions": int((captions["caption"] == "").sum()) if len(captions) else 0,
@@ -166,7 +184,9 @@ def caption_summary(result) -> dict:
 ENTERED_NOW = "rows entering the pipeline in this run (Ray's count)"
 
 #: Summary entries that hold whatever the data, labels or model (what a project's checked cell prints).
-INVARIANTS = ("all rows accounted for", "all images accounted for", "row ids unique", "every prediction is a label",
+#: ("row ids unique" is not one: ids hashed from content are shared by identical rows; where ids must
+#: be unique, "accounted for" requires it.)
+INVARIANTS = ("all rows accounted for", "all images accounted for", "the model answered", "every prediction is a label",
               "every rejected image has a reason")
 
 

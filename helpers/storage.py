@@ -15,7 +15,8 @@ Ray Data reads all of these through pyarrow (or fsspec for HTTP). Two things nee
 from __future__ import annotations
 
 import os
-from urllib.parse import urlparse
+import re
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 #: Set this to your S3-compatible store's address, e.g. ``http://minio.internal:9000``.
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
@@ -24,6 +25,40 @@ ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
 def scheme(path: str) -> str:
     """``"s3"``, ``"gs"``, ``"http"``, ``"https"``, ``"file"``, or ``""`` for a plain local path."""
     return urlparse(path).scheme.lower() if "://" in path else ""
+
+
+#: Query parameters whose values are secrets: presigned S3 and GCS URLs (``X-Amz-Signature``,
+#: ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``X-Goog-Signature``), Azure SAS (``sig``), tokens and keys.
+_SECRET_QUERY = re.compile(r"sig|token|credential|secret|password|passwd|key|auth", re.IGNORECASE)
+REDACTED = "***"
+
+
+def redact(path: str) -> str:
+    """``path`` with its secrets replaced by ``***``: the user-info of a URL (``s3://KEY:SECRET@bucket/``)
+    and the values of query parameters that carry credentials or signatures (a presigned URL's
+    ``X-Amz-Signature``, ``sig``, ``token``, ...). Everything the kit writes or prints about a path
+    (``run.json``, the report, its logs) goes through this; the data is read with the path as given."""
+    if "://" not in path:
+        return path
+    parts = urlsplit(path)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
+    query = "&".join(
+        f"{name}={REDACTED}" if sep and _SECRET_QUERY.search(name) else f"{name}{sep}{value}"
+        for name, sep, value in (item.partition("=") for item in parts.query.split("&") if item))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_all(value):
+    """:func:`redact` every string in ``value`` (strings, and lists, tuples and dicts of them)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: redact_all(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_all(v) for v in value)
+    return value
 
 
 def is_remote(path: str) -> bool:

@@ -98,6 +98,28 @@ def test_layout_check_fails_fast_naming_what_is_there():
     image_data.check_layout([*rows, {"jpg": b"1"}], "jpg", "webdataset")  # one sample with it is enough
 
 
+def test_image_field_alternatives_in_webdatasets_notation():
+    assert image_data.image_fields(" jpg; png ;;webp") == ("jpg", "png", "webp")
+    row = {"__key__": "k", "json": b"{}", "PNG": b"png-bytes", "jpg": None, "webp": b"w"}
+    assert image_data._first_value(row, "jpg;png;webp") == (b"png-bytes", "PNG")  # case-insensitive, in order
+    assert image_data._first_value(row, "gif") == (None, "")
+    assert image_data._first_value({"image": {"bytes": None, "path": "x"}, "png": b"p"}, "image;png") == (b"p", "png")
+    batch = pd.DataFrame([{"jpg": b"j"}, {"png": b"p"}, {"json": b"{}"}, {"JPEG": b"J"}])
+    assert image_data._values(batch, image_data.ANY_IMAGE) == [
+        (b"j", ""), (b"p", ""), (b"", f"no {image_data.ANY_IMAGE!r} value in this row"), (b"J", "")]
+    assert image_data._values(batch, "jpg")[1] == (b"", "no 'jpg' value in this row")
+    with pytest.raises(ValueError, match="alternatives separated by ';'"):
+        image_data.check_layout([{"txt": b"x"}], "jpg;png", "webdataset")
+    image_data.check_layout([{"txt": b"x"}, {"Png": b"x"}], "jpg;png", "webdataset")
+
+
+def test_sample_ids_name_the_shards_path_under_the_input():
+    assert image_data._relative_shard("/data/wds/train/000000.tar", "/data/wds") == "train/000000.tar"
+    assert image_data._relative_shard("/data/wds/train/000000.tar", "/data/wds/") == "train/000000.tar"
+    assert image_data._relative_shard("bucket/blip3o/000001.tar", "s3://bucket/blip3o/") == "000001.tar"
+    assert image_data._relative_shard("/data/wds/a.tar", "/data/wds/a.tar") == "a.tar"  # one shard given
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     import ray
@@ -130,6 +152,39 @@ def test_readers_for_all_three_layouts(local_ray, tmp_path):
         image_data.read_images(str(shard), "zip")
 
 
+def _write_tar(path, members: dict[str, bytes]):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+
+@pytest.mark.slow
+def test_scraped_shards_mixing_extensions_and_folders_with_the_same_shard_names(local_ray, tmp_path):
+    """Only the .jpg samples were captioned (the rest: "no 'jpg' value"), and train/000000.tar and
+    val/000000.tar gave the same ids, so a resumed run would have skipped the second folder's images."""
+    import PIL.Image
+
+    def encoded(fmt):
+        buffer = io.BytesIO()
+        PIL.Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, fmt)
+        return buffer.getvalue()
+
+    for folder in ("train", "val"):
+        _write_tar(tmp_path / "wds" / folder / "000000.tar", {
+            "000000.jpg": jpeg(), "000000.json": b"{}", "000001.png": encoded("PNG"), "000001.json": b"{}",
+            "000002.JPEG": encoded("JPEG"), "000003.webp": encoded("WEBP"), "000004.txt": b"no image"})
+    rows = image_data.read_images(str(tmp_path / "wds"), "webdataset")
+    rows = rows.map_batches(image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
+    by_id = {r[image_data.SAMPLE_ID]: r for r in rows}
+    assert sorted(by_id) == sorted(f"{f}/000000.tar/00000{i}" for f in ("train", "val") for i in range(5))
+    assert {by_id[f"val/000000.tar/00000{i}"][REJECT_REASON] for i in range(4)} == {""}
+    assert by_id["train/000000.tar/000004"][REJECT_REASON] == f"no {image_data.ANY_IMAGE!r} value in this row"
+    assert by_id["val/000000.tar/000001"][image_data.SOURCE] == "val/000000.tar:000001"
+
+
 @pytest.mark.slow
 def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
     # Two shards whose keys repeat (each starts at 000000), one sample without the image field.
@@ -139,7 +194,7 @@ def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
             info = tarfile.TarInfo(name)
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))
-    rows = image_data.read_images(str(tmp_path / "wds"), "webdataset").take_all()
+    rows = image_data.read_images(str(tmp_path / "wds"), "webdataset", image_column="jpg").take_all()
     by_id = {r[image_data.SAMPLE_ID]: r for r in rows}
     assert sorted(by_id) == ["a.tar/000000", "a.tar/000001", "b.tar/000000", "b.tar/000001"]
     assert len({r[ROW_ID] for r in rows}) == 4
@@ -149,7 +204,7 @@ def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
     (tmp_path / "pq").mkdir()
     pd.DataFrame({"jpg": [jpeg(), None, jpeg()]}).to_parquet(tmp_path / "pq" / "x.parquet")
     pd.DataFrame({"jpg": ["https://example.com/a.jpg"]}).to_parquet(tmp_path / "pq" / "y.parquet")
-    read = image_data.read_images(str(tmp_path / "pq"), "parquet")
+    read = image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="jpg")
     rows = read.map_batches(image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
     assert len(rows) == 4 and len({r[ROW_ID] for r in rows}) == 4
     reasons = sorted(r[REJECT_REASON] for r in rows)

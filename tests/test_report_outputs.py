@@ -80,7 +80,7 @@ def test_run_summary_accounts_for_every_row():
     assert not twice["all rows accounted for"] and not twice["row ids unique"]
     uncounted = report.run_summary(result(predictions, errors, None), prediction_column="p", labels=LABELS)
     assert not uncounted["all rows accounted for"] and uncounted["rows read"].startswith("not counted")
-    assert report.invariants(s) == {"all rows accounted for": True, "row ids unique": True,
+    assert report.invariants(s) == {"all rows accounted for": True, "the model answered": True,
                                     "every prediction is a label": True}
     assert report.format_summary({"a": 1, "long name": 2}) == "a:         1\nlong name: 2"
 
@@ -91,11 +91,44 @@ def test_caption_summary_and_its_invariants():
                            "reason": ["truncated file", "postprocess failed: KeyError: 'x'"]})
     s = report.caption_summary(result(captions, errors, 3))
     assert s["all images accounted for"] and s["postprocess errors"] == 1 and s["empty captions"] == 1
-    assert set(report.invariants(s)) == {"all images accounted for", "row ids unique", "every rejected image has a reason"}
+    assert set(report.invariants(s)) == {"all images accounted for", "the model answered",
+                                         "every rejected image has a reason"}
+
+
+def test_a_run_whose_every_row_failed_in_the_engine_does_not_read_as_success():
+    """A dead engine (every usable row an engine error) printed 'all rows accounted for: True' and
+    'every prediction is a label: True' in the checked cell, like a good run."""
+    errors = pd.DataFrame({"row_id": ["1", "2", "3"], "stage": ["rejected before the model", "engine", "engine"],
+                           "reason": ["empty value", "EngineDeadError", "EngineDeadError"]})
+    dead = report.run_summary(result(pd.DataFrame({"row_id": [], "p": []}), errors, 3), prediction_column="p",
+                              labels=LABELS)
+    assert dead["all rows accounted for"] and dead["the model answered"] is False
+    assert report.invariants(dead)["the model answered"] is False
+    assert report.caption_summary(result(pd.DataFrame({"row_id": [], "caption": []}), errors, 3))[
+        "the model answered"] is False
+    only_rejects = errors.assign(stage="rejected before the model")
+    assert report.run_summary(result(pd.DataFrame({"row_id": [], "p": []}), only_rejects, 3),
+                              prediction_column="p", labels=LABELS)["the model answered"]  # nothing was sent
+
+
+def test_identical_rows_with_ids_from_content_are_each_answered_and_accounted_for():
+    """ID_COLUMN=None hashes each row's content: two identical rows share an id, both are answered,
+    and that is no lost row (it read as one: 'all rows accounted for: False')."""
+    predictions = pd.DataFrame({"row_id": ["h1", "h1", "h2"], "p": ["A", "A", "B"]})
+    s = report.run_summary(result(predictions, pd.DataFrame(), 3), prediction_column="p", labels=LABELS,
+                           ids_from_content=True)
+    assert s["all rows accounted for"] and not s["row ids unique"]
+    assert s["rows identical to another (ids from content)"] == 1
+    assert not report.run_summary(result(predictions, pd.DataFrame(), 3), prediction_column="p",
+                                  labels=LABELS)["all rows accounted for"]  # ids that must be unique are not
+    lost = report.run_summary(result(predictions, pd.DataFrame(), 4), prediction_column="p", labels=LABELS,
+                              ids_from_content=True)
+    assert not lost["all rows accounted for"]  # the counts still must add up
 
 
 def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
     out = tmp_path / "o"
+    outputs.claim_output_dir(out)  # an earlier run's folder
     (out / outputs.PARTS / "classified").mkdir(parents=True)
     (out / outputs.PARTS / "classified" / "old.parquet").write_text("x")
     (out / outputs.PREDICTIONS).write_text("old")
@@ -108,6 +141,65 @@ def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError):
         outputs.prepare_output_dir(str(tmp_path / "file"))
+
+
+def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
+    """OUTPUT_DIR pointed at a training run's folder deleted its checkpoint/ (removed by name alone)."""
+    training = tmp_path / "training"
+    (training / "checkpoint").mkdir(parents=True)
+    (training / "checkpoint" / "step-1000.pt").write_text("weights")
+    (training / "parts").mkdir()
+    with pytest.raises(outputs.NotTheKitsFolderError, match="not empty and was not written by this kit.*checkpoint"):
+        outputs.prepare_output_dir(str(training), settings={"a": 1})
+    assert (training / "checkpoint" / "step-1000.pt").read_text() == "weights" and (training / "parts").is_dir()
+    assert not (training / outputs.MARKER).exists()
+    # New, empty, or holding only papermill's output notebook: the kit's from now on.
+    for folder in (tmp_path / "new", tmp_path / "empty", tmp_path / "papermill"):
+        folder.mkdir(exist_ok=folder.name != "new")
+    (tmp_path / "papermill" / "text_classification.ipynb").write_text("{}")
+    for folder in (tmp_path / "new", tmp_path / "empty", tmp_path / "papermill"):
+        assert outputs.prepare_output_dir(str(folder)).root == folder.resolve()
+        assert (folder / outputs.MARKER).is_file()
+    # Results of a kit version that wrote no marker: its run.json says whose they are.
+    legacy = tmp_path / "legacy"
+    (legacy / outputs.PARTS).mkdir(parents=True)
+    (legacy / outputs.RUN_FILE).write_text('{"fingerprint": "abc", "settings": {}}')
+    outputs.prepare_output_dir(str(legacy))
+    assert not (legacy / outputs.PARTS).exists()
+
+
+def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_counts_what_survived(tmp_path):
+    """Killed between a part file and its checkpoint commit, a run leaves that part with a pending
+    checkpoint; resuming, Ray deletes the part (its rows are not done) and the kit's count of the
+    rows written before read the deleted file (FileNotFoundError at the end of the resumed run)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    settings = {"model": "m"}
+    out = tmp_path / "o"
+    run = outputs.prepare_output_dir(str(out), resume=True, settings=settings)
+    parts, checkpoint = run.parts("results"), run.checkpoint("results")
+    parts.mkdir(parents=True)
+    checkpoint.mkdir(parents=True)
+    # Rows 0-9: written and committed. Rows 10-14: written, checkpoint still pending (the kill).
+    pq.write_table(pa.table({"id": [str(i) for i in range(10)]}), parts / "done_000000_000000.parquet")
+    pq.write_table(pa.table({"id": [str(i) for i in range(10)]}), checkpoint / "done.parquet")
+    pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), parts / "killed_000000_000000.parquet")
+    pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), checkpoint / "killed.pending.parquet")
+    run = outputs.prepare_output_dir(str(out), resume=True, settings=settings)
+    assert run.message.startswith("resuming")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        pq.write_table(pa.table({"id": [str(i) for i in range(20)]}), tmp_path / "source.parquet")
+        ds = ray.data.read_parquet(str(tmp_path / "source.parquet"))  # Ray's checkpoint filter follows a read
+        written = run.write(ds, "results", id_column="id", num_cpus=0.5)
+    finally:
+        ray.shutdown()
+    assert not (parts / "killed_000000_000000.parquet").exists()  # Ray's recovery removed it
+    assert (written.rows_before, written.rows) == (10, 10)
+    ids = pq.read_table(parts).column("id").to_pylist()
+    assert sorted(ids, key=int) == [str(i) for i in range(20)]  # each row once
 
 
 def interrupted_run(out, settings):
