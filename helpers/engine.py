@@ -35,6 +35,24 @@ class CpuBudget:
         return max(os.cpu_count() or 1, math.ceil(self.reserved + self.task_cpus))
 
 
+def cluster_address() -> str | None:
+    """The Ray cluster this run joins, found as ``ray.init()`` finds it: ``RAY_ADDRESS`` (a Ray job, a
+    remote cluster), else the cluster that ``ray start`` left running on this machine (its address
+    recorded in Ray's temp folder, its GCS process alive). ``None``: no cluster, start a local Ray.
+
+    Ray's own rule is to join such a cluster even without ``RAY_ADDRESS``: the kit follows it
+    (and then must not size the cluster: Ray refuses ``num_cpus`` when it connects). A record left
+    by a cluster that is gone is ignored (``ray.init()`` would try to join it and fail)."""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    from ray._private import services
+
+    recorded = services.find_bootstrap_address(None)
+    if recorded and recorded in set(services.find_gcs_addresses()):
+        return recorded
+    return None
+
+
 def engine_placement(accelerator_type: str | None, engine_cpus: float = 1.0) -> dict[str, Any]:
     """The processor-config fields that place the vLLM engine.
 
@@ -53,10 +71,11 @@ def cpu_threads_bind(accelerator_type: str | None, replicas: int) -> str | None:
 
     vLLM's automatic binding keeps one core back for its scheduler process, which on a 2-core
     machine halves the compute: measured here, 2,000 SmolLM2 prompts took 1.8x as long. Only for a
-    single CPU replica on this machine (a local Ray): replicas on one node would compete for the
-    same cores, and on a remote cluster this machine's cores say nothing about the workers'.
+    single CPU replica on a local Ray the run starts: replicas on one node would compete for the
+    same cores, and on a cluster (:func:`cluster_address`) this machine's cores say nothing about
+    the workers' or are shared with others.
     """
-    if accelerator_type or replicas != 1 or os.environ.get("RAY_ADDRESS"):
+    if accelerator_type or replicas != 1 or cluster_address():
         return None
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     return ",".join(str(c) for c in cores) if len(cores) > 1 else None
@@ -106,7 +125,8 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
               progress: bool | None = None) -> dict[str, Any]:
     """Connect to Ray, or start a local Ray sized by ``budget``; return the cluster's resources.
 
-    On a cluster (``RAY_ADDRESS`` set, e.g. in a Ray job), the cluster's own resources apply.
+    On a cluster (:func:`cluster_address`: ``RAY_ADDRESS``, e.g. in a Ray job, or one ``ray start``
+    left running on this machine), the cluster's own resources apply.
     ``verbose=False`` turns off Ray Data's INFO logs, which in a non-interactive run (papermill, a
     job) become thousands of log lines in the report. ``progress`` (default: ``verbose``) turns
     Ray Data's progress reports on or off on their own: outside a terminal Ray logs them as a
@@ -137,8 +157,11 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
         ray.shutdown()
     # Worker logs (vLLM's start-up chatter) only when verbose; errors still surface as exceptions.
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": verbose}
-    if not os.environ.get("RAY_ADDRESS"):
-        kwargs["num_cpus"] = budget.ray_cpus
+    address = cluster_address()
+    if address is None:  # "local": never join a cluster by a stale record; sized for the pipeline
+        kwargs.update(address="local", num_cpus=budget.ray_cpus)
+    else:
+        kwargs["address"] = address
     ray.init(**kwargs)
     return ray.cluster_resources()
 

@@ -116,8 +116,15 @@ def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, 
     else:
         ds = ray.data.read_binary_files(path, include_paths=True, **common)
         fn, kwargs = _from_files, {}
+    first = ds.take(check_rows)
+    if not first:
+        from helpers.data import EmptyInputError
+        from helpers.storage import redact
+
+        raise EmptyInputError(f"INPUT_PATH={redact(path)!r} holds no {input_format} rows (empty files?): "
+                              "nothing to caption.")
     if input_format != "images":
-        check_layout(ds.take(check_rows), image_column, input_format)
+        check_layout(first, image_column, input_format)
     return ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus)
 
 

@@ -73,9 +73,11 @@ class Session:
     placement: dict[str, Any] = field(default_factory=dict)
     stage_cpus: float = 0.1  # Ray CPUs each light stage holds (read, prompts, write)
     startup_timeout_s: float | None = 600  # the first results must be written within this (None: no limit)
+    address: str | None = None  # the cluster joined (RAY_ADDRESS, or one running here); None: a local Ray
 
     def describe(self) -> str:
-        return (f"Ray has {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
+        where = f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray"
+        return (f"{where}: {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
                 f"reserves {self.budget.reserved:g} CPUs for actors; engine cores: {self.threads_bind or 'chosen by vLLM'}; "
                 f"progress reports: {'on' if self.progress else 'off'}")
 
@@ -96,11 +98,12 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     threads = engine.cpu_threads_bind(run_config.accelerator_type, replicas)
     env = engine.engine_env(kv_cache_gib, threads_bind=threads)
     progress = verbose or interactive()
+    address = engine.cluster_address()
     cluster = engine.start_ray(budget, env, verbose=verbose, progress=progress)
     engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
     return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
                    placement=engine.engine_placement(run_config.accelerator_type), stage_cpus=stage_cpus,
-                   startup_timeout_s=startup_timeout_s)
+                   startup_timeout_s=startup_timeout_s, address=address)
 
 
 def _failure(what: str, exc: BaseException) -> str:

@@ -182,25 +182,31 @@ def _gpu_label(device_name: str) -> str:
 def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
     """What ``PRESET="auto"`` chooses from, in the shape of ``ray.cluster_resources()``.
 
-    On a Ray cluster (``RAY_ADDRESS`` set, as in a Ray job): the cluster's resources, waiting up to
-    ``wait_s`` for GPU workers to join (a cluster that scales from zero shows none at first), with
-    ``"remote": True``. Locally: this machine's CUDA GPUs (type, count and measured memory), which
-    the local Ray will have. Before Ray starts, so the run's CPU budget can follow the choice.
+    On a Ray cluster the run joins (:func:`helpers.engine.cluster_address`): the cluster's
+    resources. With ``RAY_ADDRESS`` set (a Ray job, a remote cluster), it waits up to ``wait_s`` for
+    GPU workers to join (a cluster that scales from zero shows none at first) and marks the result
+    ``"remote": True``; a cluster ``ray start`` left running on this machine is read as it is.
+    Otherwise: this machine's CUDA GPUs (type, count and measured memory), which the local Ray will
+    have. Before the run's own Ray start, so the run's CPU budget can follow the choice.
     """
     import os
     import time
 
-    if os.environ.get("RAY_ADDRESS"):
+    from helpers.engine import cluster_address
+
+    address = cluster_address()
+    if address:
         import ray
 
         if not ray.is_initialized():
-            ray.init(log_to_driver=False)
-        deadline = time.monotonic() + wait_s
+            ray.init(address=address, log_to_driver=False)
+        remote = bool(os.environ.get("RAY_ADDRESS"))
+        deadline = time.monotonic() + (wait_s if remote else 0)
         resources = dict(ray.cluster_resources())
         while resources.get("GPU", 0) == 0 and time.monotonic() < deadline:
             time.sleep(poll_s)
             resources = dict(ray.cluster_resources())
-        return {**resources, "remote": True}
+        return {**resources, "remote": remote}
     cluster: dict[str, Any] = {"CPU": float(os.cpu_count() or 1)}
     try:
         import torch

@@ -54,11 +54,12 @@ def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | Non
     """
     import papermill
 
-    out = (out_root / name).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    from helpers import outputs, storage
+
+    out = outputs.claim_output_dir(out_root / name)  # refuses a folder that is not the kit's
     executed = out / f"{name}.ipynb"
     parameters = {"OUTPUT_DIR": str(out), **overrides}
-    print(f"[{name}] running with {parameters}", flush=True)
+    print(f"[{name}] running with {storage.redact_all(parameters)}", flush=True)
     try:
         papermill.execute_notebook(
             str(NOTEBOOKS[name]), str(executed), parameters=parameters,
@@ -66,9 +67,28 @@ def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | Non
             execution_timeout=int(os.environ[CELL_TIMEOUT_ENV]) if os.environ.get(CELL_TIMEOUT_ENV) else None,
         )
     finally:
+        redact_notebook(executed, parameters)
         render_report(executed, out / f"{name}.html")
     print(f"[{name}] done: open {out / (name + '.html')}", flush=True)
     return out
+
+
+def redact_notebook(executed: Path, parameters: dict[str, object]) -> None:
+    """Replace every secret a parameter carries (a presigned URL's signature, ``s3://KEY:SECRET@``;
+    see :func:`helpers.storage.redact`) in the executed notebook, where papermill wrote the
+    parameters as it received them, before the report is rendered from it."""
+    import json
+
+    from helpers import storage
+
+    if not executed.exists():
+        return
+    text = original = executed.read_text(encoding="utf-8")
+    for value in parameters.values():
+        if isinstance(value, str) and storage.redact(value) != value:
+            text = text.replace(json.dumps(value)[1:-1], json.dumps(storage.redact(value))[1:-1])
+    if text != original:
+        executed.write_text(text, encoding="utf-8")
 
 
 def render_report(executed: Path, html_path: Path) -> bool:

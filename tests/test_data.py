@@ -66,3 +66,56 @@ def test_row_ids_from_column_and_from_content():
     assert hashed.is_unique and len(hashed[0]) == 16
     assert sorted(hashed) == sorted(again)  # stable whatever the order rows arrive in
     assert data.ROW_ID not in batch.columns  # the input batch is not modified
+
+
+def test_require_columns_says_the_input_is_empty():
+    with pytest.raises(data.EmptyInputError, match="'s3://b/x.csv' holds no rows"):
+        data.require_columns(None, ["Company"], path="s3://b/x.csv")
+
+
+def test_id_report_names_the_problem_and_the_fix():
+    assert data.IdReport(rows=5, empty=0, repeated_values=0, examples=()).problem("id") == ""
+    message = data.IdReport(rows=5, empty=3, repeated_values=7, examples=(("a", 2), ("b", 2))).problem("id")
+    assert "3 of 5 rows have no 'id' value" in message and "'a' (2 rows), 'b' (2 rows) and 5 more" in message
+    assert "set ID_COLUMN=None" in message
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local")
+    yield ray
+    ray.shutdown()
+
+
+def test_users_csvs_as_they_come(local_ray, tmp_path):
+    """A header-only CSV stopped with a TypeError in require_columns (Ray's columns() is None); an
+    id column of digits with text further down failed the run mid-way (types inferred per block);
+    duplicate and empty ids were classified and then reported as lost rows."""
+    import pyarrow.csv as pacsv
+
+    ray = local_ray
+    (tmp_path / "empty.csv").write_text("Customer Id,Company,Industry\n")
+    empty = ray.data.read_csv(str(tmp_path / "empty.csv"))
+    with pytest.raises(data.EmptyInputError, match="holds no rows"):
+        data.require_columns(empty.columns(), ["Company"], path=str(tmp_path / "empty.csv"))
+
+    rows = ["Customer Id,Company,Industry"] + [f"{i},{i},Retail" for i in range(3000)] + ["C-17,Acme,Retail"]
+    (tmp_path / "late.csv").write_text("\n".join(rows) + "\n")
+    small_blocks = pacsv.ReadOptions(block_size=4096)  # what a big file's first block is to a 1 MB file
+    with pytest.raises(Exception, match="Failed to read CSV file"):
+        ray.data.read_csv(str(tmp_path / "late.csv"), read_options=small_blocks).take_all()
+    typed = ray.data.read_csv(str(tmp_path / "late.csv"), read_options=small_blocks,
+                              convert_options=data.string_columns("Company", "Customer Id", None, "Not there"))
+    read = typed.take_all()
+    assert len(read) == 3001 and read[-1]["Customer Id"] == "C-17" and read[0]["Company"] == "0"
+    assert data.check_ids(typed, "Customer Id").rows == 3001
+
+    frame = pd.DataFrame({"Customer Id": ["a", "b", "a", "", None, "c", " "], "Company": list("ABCDEFG")})
+    frame.to_csv(tmp_path / "ids.csv", index=False)
+    ds = ray.data.read_csv(str(tmp_path / "ids.csv"), convert_options=data.string_columns("Customer Id"))
+    with pytest.raises(data.IdColumnError) as err:
+        data.check_ids(ds, "Customer Id")
+    assert "3 of 7 rows have no 'Customer Id' value" in str(err.value)
+    assert "1 'Customer Id' value is shared by several rows: 'a' (2 rows)." in str(err.value)

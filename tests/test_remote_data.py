@@ -74,6 +74,20 @@ def test_filesystem_only_for_s3_with_an_endpoint(monkeypatch):
     assert not storage.is_remote("file:///tmp/x") and not storage.is_remote("relative/x.csv")
 
 
+def test_secrets_in_paths_are_redacted():
+    assert storage.redact("s3://AKIAKIT:s3cr3t@bucket/data/") == "s3://***@bucket/data/"
+    presigned = ("https://bucket.s3.amazonaws.com/x.csv?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F2026"
+                 "&X-Amz-Date=20261123T000000Z&X-Amz-Expires=3600&X-Amz-Signature=0f1e2d&X-Amz-Security-Token=tok")
+    redacted = storage.redact(presigned)
+    assert "AKIA" not in redacted and "0f1e2d" not in redacted and "tok" not in redacted.split("Token=")[1]
+    assert "X-Amz-Date=20261123T000000Z" in redacted and redacted.startswith("https://bucket.s3.amazonaws.com/x.csv?")
+    assert storage.redact("https://h/a?sv=2024&sig=abc%3D") == "https://h/a?sv=2024&sig=***"  # Azure SAS
+    for plain in ("/data/x.csv", "https://h/x.csv?raw=true", "s3://bucket/x", "relative/x.csv"):
+        assert storage.redact(plain) == plain
+    assert storage.redact_all({"input": "s3://k:s@b/x", "n": 3, "l": ["s3://k:s@b/y"]}) == {
+        "input": "s3://***@b/x", "n": 3, "l": ["s3://***@b/y"]}
+
+
 def test_remote_layouts_are_listed_not_guessed(s3):
     # The bug this guards: every remote folder was called "images", so a folder of .tar shards was
     # read as two broken images and the summary still said every image was accounted for.
@@ -146,9 +160,15 @@ def test_text_notebook_reads_a_csv_from_s3_and_over_http(s3, runner, tmp_path, h
     s3.put_object(Bucket=BUCKET, Key="customers/part-0.csv", Body=frame.to_csv(index=False).encode())
     root, url = http_folder
     frame.to_csv(root / "customers.csv", index=False)
-    for name, path in (("s3", f"s3://{BUCKET}/customers/"), ("http", f"{url}/customers.csv")):
+    # A presigned URL, as a bucket hands out: its signature must never be written or printed.
+    secret = "0f1e2d3c4b5a-kit-signature"
+    presigned = f"{url}/customers.csv?X-Amz-Credential=AKIAKIT%2F2026&X-Amz-Signature={secret}"
+    for name, path in (("s3", f"s3://{BUCKET}/customers/"), ("http", presigned)):
         out = runner.run("text_classification", tmp_path / name, {
             "INPUT_PATH": path, "LABEL_COLUMN": None, "RESUME": False})
+        for written in out.iterdir():
+            if written.suffix in (".json", ".ipynb", ".html"):
+                assert secret not in written.read_text() and "AKIAKIT" not in written.read_text(), written
         summary = json.loads((out / "summary.json").read_text())
         assert summary["rows read"] == 8 and summary["classified"] == 7, name
         assert summary["rejected before the model"] == 1 and summary["all rows accounted for"], name

@@ -51,6 +51,30 @@ def test_clear_outputs_keeps_only_checked_cells_and_drops_injected_parameters():
     assert [o.text for o in out.cells[1].outputs] == ["1\n"]
 
 
+def test_the_runner_redacts_secrets_papermill_wrote_into_the_executed_notebook(tmp_path):
+    runner = load_script("run_notebooks")
+    nb = nbformat.v4.new_notebook()
+    injected = nbformat.v4.new_code_cell('INPUT_PATH = "s3://AKIAKIT:s3cr3t@bucket/x/"\nLIMIT = 3')
+    injected.metadata["tags"] = ["injected-parameters"]
+    nb.cells = [injected]
+    executed = tmp_path / "run.ipynb"
+    nbformat.write(nb, executed)
+    runner.redact_notebook(executed, {"INPUT_PATH": "s3://AKIAKIT:s3cr3t@bucket/x/", "LIMIT": 3})
+    text = executed.read_text()
+    assert "s3cr3t" not in text and "AKIAKIT" not in text and "s3://***@bucket/x/" in text
+    runner.redact_notebook(tmp_path / "missing.ipynb", {})  # a run that wrote nothing: nothing to do
+
+
+def test_the_runner_refuses_an_output_folder_that_is_not_the_kits(tmp_path):
+    from helpers import outputs
+
+    runner = load_script("run_notebooks")
+    (tmp_path / "text_classification" / "checkpoint").mkdir(parents=True)
+    with pytest.raises(outputs.NotTheKitsFolderError):
+        runner.run("text_classification", tmp_path, {})
+    assert (tmp_path / "text_classification" / "checkpoint").is_dir()
+
+
 def test_run_notebooks_parses_parameter_literals():
     runner = load_script("run_notebooks")
     assert runner.parse_value("50") == 50
