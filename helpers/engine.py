@@ -43,14 +43,32 @@ def cluster_address() -> str | None:
     Ray's own rule is to join such a cluster even without ``RAY_ADDRESS``: the kit follows it
     (and then must not size the cluster: Ray refuses ``num_cpus`` when it connects). A record left
     by a cluster that is gone is ignored (``ray.init()`` would try to join it and fail)."""
-    if os.environ.get("RAY_ADDRESS"):
+    if os.environ.get("RAY_ADDRESS") not in (None, "", "local"):
         return os.environ["RAY_ADDRESS"]
+    if os.environ.get("RAY_ADDRESS") == "local":  # Ray's own word for "start one, join none"
+        return None
     from ray._private import services
 
     recorded = services.find_bootstrap_address(None)
     if recorded and recorded in set(services.find_gcs_addresses()):
         return recorded
     return None
+
+
+def enable_token_auth_if_available() -> None:
+    """Before joining a cluster: Ray 2.60's ``ray start`` turns token authentication on, but a driver
+    that joins it sends its token only in token mode, so a plain join fails (``InvalidAuthToken``,
+    retried for ~20 s). Ray's own rule for a local cluster it starts, token mode when
+    ``RAY_AUTH_MODE`` is unset and a token exists (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH``), is applied here too. A cluster without authentication accepts such a
+    driver as well (tried). ``RAY_AUTH_MODE`` set by you always wins."""
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # another Ray: its own defaults apply
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
 def engine_placement(accelerator_type: str | None, engine_cpus: float = 1.0) -> dict[str, Any]:
@@ -161,6 +179,7 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     if address is None:  # "local": never join a cluster by a stale record; sized for the pipeline
         kwargs.update(address="local", num_cpus=budget.ray_cpus)
     else:
+        enable_token_auth_if_available()
         kwargs["address"] = address
     ray.init(**kwargs)
     return ray.cluster_resources()

@@ -192,13 +192,14 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
     import os
     import time
 
-    from helpers.engine import cluster_address
+    from helpers.engine import cluster_address, enable_token_auth_if_available
 
     address = cluster_address()
     if address:
         import ray
 
         if not ray.is_initialized():
+            enable_token_auth_if_available()
             ray.init(address=address, log_to_driver=False)
         remote = bool(os.environ.get("RAY_ADDRESS"))
         deadline = time.monotonic() + (wait_s if remote else 0)

@@ -49,6 +49,28 @@ def test_a_lone_local_cpu_engine_computes_on_every_core(monkeypatch):
     assert engine.cpu_threads_bind(None, 1) is None  # the workers' cores are not this machine's
 
 
+def test_the_cluster_a_run_joins(monkeypatch, tmp_path):
+    """RAY_ADDRESS; else a cluster `ray start` recorded in Ray's temp folder, if its GCS is alive (a
+    stale record is ignored: ray.init() would try to join it and fail); RAY_ADDRESS=local: none."""
+    from ray._private import services
+
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    assert engine.cluster_address() == "ray://head:10001"
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert engine.cluster_address() is None
+    monkeypatch.delenv("RAY_ADDRESS")
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    assert engine.cluster_address() is None  # no record
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:6399")
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
+    assert engine.cluster_address() is None  # recorded, but that cluster is gone
+    monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset({"127.0.0.1:6399"}))
+    assert engine.cluster_address() == "127.0.0.1:6399"
+    monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert engine.cpu_threads_bind(None, 1) is None  # a shared cluster's cores are not this run's
+
+
 @pytest.mark.parametrize("value, arg, most", [(3, 3, 3), ([1, 4], (1, 4), 4), ((2, 2), (2, 2), 2)])
 def test_concurrency(value, arg, most):
     assert engine.concurrency_arg(value) == arg

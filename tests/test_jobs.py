@@ -44,6 +44,10 @@ def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
     defaults = runner.defaults("text_classification")
     assert set(overrides) <= set(defaults), "job.yaml sets a parameter the notebook lacks"
     assert params.text_problems({**defaults, **overrides}) == []
+    # A retry resumes (tests/test_resume.py: with LIMIT too): same command, results on storage every node
+    # shares and that outlives an attempt, resuming left on.
+    assert job["max_retries"] >= 1 and overrides.get("RESUME", defaults["RESUME"]) is True
+    assert args[args.index("--out") + 1].startswith("/mnt/cluster_storage/")
 
 
 def test_job_yaml_is_rendered_from_the_project_template():

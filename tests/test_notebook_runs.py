@@ -20,13 +20,32 @@ def runner():
 
 
 @pytest.mark.slow
+def test_text_notebook_stops_before_the_pipeline_on_repeated_or_missing_ids_and_on_an_empty_csv(runner, tmp_path):
+    """Repeated and empty ids were classified, then reported as lost rows (and resuming by them would
+    skip a finished row's twin); a header-only CSV stopped with a TypeError."""
+    ids = tmp_path / "ids.csv"
+    pd.DataFrame({"Customer Id": ["c1", "c2", "c1", "", "c4"],
+                  "Company": ["Walmart", "Pfizer", "Shell", "Apple", "Zillow"]}).to_csv(ids, index=False)
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "ids", {"INPUT_PATH": str(ids), "LABEL_COLUMN": None})
+    assert err.value.ename == "IdColumnError"
+    assert "1 of 5 rows have no 'Customer Id' value" in err.value.evalue and "'c1' (2 rows)" in err.value.evalue
+    assert not (tmp_path / "ids" / "text_classification" / "parts").exists()  # stopped before the pipeline
+    empty = tmp_path / "empty.csv"
+    empty.write_text("Customer Id,Company,Industry\n")
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "empty", {"INPUT_PATH": str(empty)})
+    assert err.value.ename == "EmptyInputError" and "holds no rows" in err.value.evalue
+
+
+@pytest.mark.slow
 def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_kit_test_secret_4242")  # must reach no report
     csv = tmp_path / "firms.csv"
-    pd.DataFrame({
-        "name": ["Walmart", "Pfizer", "", "Goldman Sachs", "Kirkland & Ellis", "Zillow", "Siemens", "   ",
+    pd.DataFrame({  # Walmart twice, exactly: with ids from content the two rows share one, and are each answered
+        "name": ["Walmart", "Walmart", "Pfizer", "", "Goldman Sachs", "Kirkland & Ellis", "Zillow", "Siemens", "   ",
                  "Accenture", "Apple", "Shell", "Target"],
-        "truth": ["Retail", "Healthcare", "", "Finance", "Law Firm", "Real Estate", "Manufacturing", "",
+        "truth": ["Retail", "Retail", "Healthcare", "", "Finance", "Law Firm", "Real Estate", "Manufacturing", "",
                   "Consulting", "Technology", "Other", "Retail"],
     }).to_csv(csv, index=False)
     out = runner.run("text_classification", tmp_path / "results", {
@@ -40,8 +59,10 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
     assert summary["rows read"] == 10
     assert summary["rejected before the model"] == 2 and summary["engine errors"] == 0
     assert summary["classified"] == 8 and summary["all rows accounted for"]
+    assert not summary["row ids unique"] and summary["rows identical to another (ids from content)"] == 1
     predictions = pd.read_parquet(out / "predictions.parquet")
-    assert predictions["row_id"].is_unique and len(predictions["row_id"].iloc[0]) == 16  # content-hash ids
+    assert predictions["row_id"].nunique() == 7 and len(predictions["row_id"].iloc[0]) == 16  # content-hash ids
+    assert (predictions["name"] == "Walmart").sum() == 2
     assert set(predictions["predicted_label"]) <= {"Law Firm", "Healthcare", "Technology", "Retail", "Consulting",
                                                    "Manufacturing", "Finance", "Real Estate", "Other"}
     assert set(predictions["name"]) <= {"Walmart", "Pfizer", "Goldman Sachs", "Kirkland & Ellis", "Zillow",

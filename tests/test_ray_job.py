@@ -4,6 +4,7 @@ import json
 import shutil
 import tempfile
 import os
+from dataclasses import dataclass
 import socket
 import subprocess
 import sys
@@ -34,10 +35,21 @@ def ray_processes(temp_dir: str) -> set:
     return found
 
 
+@dataclass(frozen=True)
+class Cluster:
+    dashboard: str  # the job API's address
+    gcs: str  # what ray.init() joins
+    ray_tmpdir: str  # RAY_TMPDIR under which Ray finds this cluster's record (ray_current_cluster)
+
+
 @pytest.fixture
 def local_cluster():
-    """A Ray head node on loopback, stopped by PID afterwards (``ray stop`` would stop every Ray here)."""
-    temp_dir = tempfile.mkdtemp(prefix="kitray-")  # short: Ray's socket paths must stay under ~100 characters
+    """A Ray head node on loopback, stopped by PID afterwards (``ray stop`` would stop every Ray here).
+    Its temp folder is ``<ray_tmpdir>/ray``, its own: ``ray start`` records the cluster there, and a
+    ``ray.init()`` finds the record only with ``RAY_TMPDIR=<ray_tmpdir>``, so the rest of the suite
+    never joins it."""
+    ray_tmpdir = tempfile.mkdtemp(prefix="kitray-")  # short: Ray's socket paths must stay under ~100 characters
+    temp_dir = os.path.join(ray_tmpdir, "ray")
     gcs_port, dashboard_port = free_port(), free_port()
     try:
         started = subprocess.run(
@@ -51,7 +63,8 @@ def local_cluster():
             # The cluster's environment is the kit's: job entrypoints run `python` from it.
             env={**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        yield f"http://127.0.0.1:{dashboard_port}"
+        gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
+        yield Cluster(f"http://127.0.0.1:{dashboard_port}", gcs, ray_tmpdir)
     finally:
         family = ray_processes(temp_dir)
         for p in family:
@@ -60,12 +73,13 @@ def local_cluster():
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(list(family), timeout=30)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_text_notebook_as_a_ray_job(local_cluster, tmp_path):
     """The README's `ray job submit` command, against a real head node, waited on to the end."""
+    local_cluster = local_cluster.dashboard
     out = tmp_path / "job-results"
     runtime_env = {"working_dir": str(REPO), "excludes": [".venv", "results", ".git", "notebooks/results"],
                    "env_vars": {"HF_HUB_OFFLINE": "1"}}
@@ -100,3 +114,25 @@ def test_text_notebook_as_a_ray_job(local_cluster, tmp_path):
     assert summary["rows read"] == 24 and summary["all rows accounted for"]
     assert (out / "text_classification" / "text_classification.html").is_file()
     assert (out / "text_classification" / "predictions.parquet").is_file()
+
+
+@pytest.mark.slow
+def test_a_cluster_running_on_this_machine_is_joined_as_ray_init_joins_it(local_cluster, tmp_path):
+    """With a cluster from `ray start` on the machine (as many Ray users keep one), every run stopped at
+    start_ray: ray.init() joins that cluster even without RAY_ADDRESS, and Ray refuses num_cpus when
+    joining. Without RAY_ADDRESS and without RAY_AUTH_MODE (Ray 2.60's `ray start` turns token
+    authentication on), the notebook joins it, says so, and accounts for every row."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    env["RAY_TMPDIR"] = local_cluster.ray_tmpdir  # where ray.init() looks for the running cluster
+    found = subprocess.run([sys.executable, "-c", "from helpers import engine; print(engine.cluster_address())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert found.stdout.strip() == local_cluster.gcs, found.stderr[-2000:]
+    out = tmp_path / "joined"
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "run_notebooks.py"), "--only", "text_classification",
+                          "--out", str(out), "-p", "LIMIT", "12"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((out / "text_classification" / "summary.json").read_text())
+    assert summary["rows read"] == 12 and summary["all rows accounted for"] and summary["the model answered"]
+    executed = (out / "text_classification" / "text_classification.ipynb").read_text()
+    assert f"joined the Ray cluster at {local_cluster.gcs}: 3 CPUs" in executed

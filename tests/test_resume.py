@@ -49,29 +49,31 @@ def kill_when_checkpointed(proc: subprocess.Popen, checkpoint: Path, timeout: fl
 
 
 @pytest.mark.slow
-def test_text_run_resumes_after_kill_with_exact_once_rows(tmp_path):
+def test_text_run_with_a_limit_resumes_after_kill_with_exact_once_rows(tmp_path):
+    """With LIMIT (as job.yaml runs: LIMIT 10000, max_retries 2), a retry started from zero: resuming
+    was off whenever LIMIT was set. Now the re-run takes the rest of the limit, each row once."""
     # Small blocks and batches make the first run write often, so it can be killed part-way; the
     # re-run may use faster settings (resuming needs the same *results* settings, not the same layout).
-    slow = {"NUM_BLOCKS": 40, "BATCH_SIZE": 8, "MAX_CONCURRENT_BATCHES": 1}
+    limit = 200  # of the sample's 309 rows
+    slow = {"NUM_BLOCKS": 40, "BATCH_SIZE": 8, "MAX_CONCURRENT_BATCHES": 1, "LIMIT": limit}
     out = tmp_path / "results" / "text_classification"
     proc = start("text_classification", tmp_path / "results", slow)
     kill_when_checkpointed(proc, out / "checkpoint" / "results")
     done_before = committed_ids(out / "checkpoint" / "results")
-    assert 0 < len(done_before) < 309
+    assert 0 < len(done_before) < limit
 
-    load_script("run_notebooks").run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8})
+    load_script("run_notebooks").run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8, "LIMIT": limit})
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"].startswith("resuming an interrupted run")
-    assert summary["rows written in this run"] == 309 - len(done_before)
-    assert summary[report.ENTERED_NOW] == 309 - len(done_before)
-    assert summary["rows read"] == 309 and summary["all rows accounted for"]
+    assert summary["rows written in this run"] == limit - len(done_before)
+    assert summary[report.ENTERED_NOW] == limit - len(done_before)
+    assert summary["rows read"] == limit and summary["all rows accounted for"]
     predictions = pd.read_parquet(out / "predictions.parquet")
     errors = pd.read_parquet(out / "errors.parquet")
     ids = pd.concat([predictions["Customer Id"], errors["Customer Id"]])
-    assert ids.is_unique and len(ids) == 309
+    assert ids.is_unique and len(ids) == limit
     assert done_before <= set(predictions["Customer Id"]) | set(errors["Customer Id"])
     assert not (out / "checkpoint" / "results").exists() or not any((out / "checkpoint" / "results").iterdir())
-
 
 
 @pytest.mark.slow
