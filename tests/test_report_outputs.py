@@ -207,7 +207,8 @@ def interrupted_run(out, settings):
     (out / outputs.PARTS / "classified").mkdir(parents=True)
     (out / outputs.PARTS / "classified" / "done.parquet").write_text("rows")
     (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
-    (out / outputs.CHECKPOINT / "classified" / "ids.parquet").write_text("ids")
+    pd.DataFrame({"id": ["a", "b"]}).to_parquet(out / outputs.CHECKPOINT / "classified" / "ids.parquet")
+    pd.DataFrame({"id": ["c"]}).to_parquet(out / outputs.CHECKPOINT / "classified" / "x.pending.parquet")
     (out / outputs.CHECKPOINT / "rejected").mkdir(parents=True)  # finished: Ray emptied it
     (out / outputs.ERRORS).write_text("stale")
 
@@ -217,6 +218,7 @@ def test_resume_keeps_an_interrupted_runs_parts_with_the_same_settings(tmp_path)
     interrupted_run(out, {"model": "a"})
     run = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "a"})
     assert run.resume and run.message.startswith("resuming an interrupted run")
+    assert run.rows_done == 2  # committed ids only: a pending checkpoint's rows are not done
     assert (out / outputs.PARTS / "classified" / "done.parquet").exists()
     assert (out / outputs.CHECKPOINT / "classified" / "ids.parquet").exists()
     assert not (out / outputs.ERRORS).exists()  # derived tables are always rebuilt
