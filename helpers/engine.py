@@ -195,6 +195,57 @@ def max_replicas(concurrency: int | list[int] | tuple[int, int]) -> int:
     return int(concurrency[-1]) if isinstance(concurrency, (list, tuple)) else int(concurrency)
 
 
+class NodeLocalOutputError(RuntimeError):
+    """``OUTPUT_DIR`` is a folder some of the cluster's nodes do not see: their results would be lost."""
+
+
+def check_every_node_sees(folder, timeout_s: float = 120) -> int:
+    """On a cluster of several nodes, check that every alive node sees ``folder`` (a local path), the
+    way Ray Data's writes will use it; return how many nodes were checked.
+
+    Ray Data's write tasks run on whichever node holds each block and write to *that node's* disk.
+    With a folder on one machine's disk, the results (and the checkpoints resuming relies on) end up
+    scattered over the nodes, and the driver finds only its own share: rows lost without an error.
+    So the driver writes a marker with a fresh token into ``folder``, a zero-CPU task on each node
+    reads it back, and any node that reads something else stops the run with
+    :class:`NodeLocalOutputError`, naming the nodes. A single node is not checked."""
+    import uuid
+    from pathlib import Path
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) <= 1:
+        return len(nodes)
+    token = uuid.uuid4().hex
+    marker = Path(folder) / f".node-check-{token}"
+    marker.write_text(token)
+
+    def read_marker(path: str) -> str:
+        try:
+            return Path(path).read_text()
+        except OSError as exc:
+            return f"({type(exc).__name__})"
+
+    reader = ray.remote(num_cpus=0, max_retries=0)(read_marker)
+    try:
+        refs = {n["NodeID"]: reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                .remote(str(marker)) for n in nodes}
+        seen = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout_s)))
+    finally:
+        marker.unlink(missing_ok=True)
+    blind = [n for n in nodes if seen[n["NodeID"]] != token]
+    if blind:
+        names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})" for n in blind)
+        raise NodeLocalOutputError(
+            f"OUTPUT_DIR={str(folder)!r} is a folder that {len(blind)} of the Ray cluster's {len(nodes)} nodes do not "
+            f"see: {names}. Ray Data writes each block's results on the node that holds it, so those nodes' results, "
+            "and the checkpoints that resuming needs, would land on their own disks and be missing here. Point "
+            "OUTPUT_DIR at a folder every node mounts (a shared file system: NFS, /mnt/cluster_storage on Anyscale).")
+    return len(nodes)
+
+
 class UnschedulableError(RuntimeError):
     """The run asks for resources the Ray cluster does not have: it would wait forever."""
 

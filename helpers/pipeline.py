@@ -375,11 +375,14 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     after it would count that many *new* rows: the run then takes only the ``limit`` minus the rows
     done, and a retried job with ``LIMIT`` ends with ``LIMIT`` rows, each once.
 
-    Ray Data starts every stage's actors at once (the engine's start overlaps the light stages');
+    On a cluster of several nodes, every node must see ``OUTPUT_DIR`` (checked first:
+    :func:`helpers.engine.check_every_node_sees`). Ray Data starts every stage's actors at once (the
+    engine's start overlaps the light stages');
     if no result is written within ``session.startup_timeout_s``, the run stops with a
     ``TimeoutError`` instead of waiting forever (:func:`first_results_within`).
     """
     stage_cpus = session.stage_cpus
+    engine.check_every_node_sees(out.root)  # several nodes: each must see OUTPUT_DIR, or rows are lost
     started = time.perf_counter()
     if limit and out.rows_done:
         ds = ds.limit(max(limit - out.rows_done, 0))

@@ -72,6 +72,13 @@ def test_kuberay_rayjob_runs_the_notebook_on_l4_workers():
     [gpus] = [w for w in workers if "nvidia.com/gpu" in w["template"]["spec"]["containers"][0]["resources"]["limits"]]
     assert gpus["maxReplicas"] >= preset.concurrency and gpus["replicas"] == preset.concurrency
     assert "l4" in str(gpus["template"]["spec"].get("nodeSelector", {})).lower() and preset.accelerator_type == "L4"
+    # Results on a volume every pod mounts: the output folder of the command, shared by head and workers.
+    out = args[args.index("--out") + 1]
+    for group in [spec["rayClusterSpec"]["headGroupSpec"], *workers]:
+        pod = group["template"]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+        mounts = {m["mountPath"]: claims[m["name"]] for c in pod["containers"] for m in c.get("volumeMounts", [])}
+        assert mounts.get(out) == "llm-batch-results", group
     images = {c["image"] for g in [spec["rayClusterSpec"]["headGroupSpec"], *workers]
               for c in g["template"]["spec"]["containers"]}
     assert images == {"rayproject/ray-llm:2.60.0-py311-cu128"}
