@@ -17,10 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import psutil
 import pytest
 
-from test_ray_job import free_port, ray_processes
+from test_ray_job import free_port, stop_processes
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -70,13 +69,8 @@ def two_nodes(tmp_path):
         assert worker.returncode == 0, worker.stdout[-2000:] + worker.stderr[-2000:]
         yield gcs, env, node_disk
     finally:
-        family = ray_processes(temp_dir) | ray_processes(gcs if "gcs" in locals() else temp_dir)
-        for p in family:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(list(family), timeout=30)
+        gcs = locals().get("gcs")
+        stop_processes(temp_dir, *([gcs] if gcs else []))  # the worker's processes name the head's address
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 

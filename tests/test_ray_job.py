@@ -35,6 +35,18 @@ def ray_processes(temp_dir: str) -> set:
     return found
 
 
+def stop_processes(*markers: str) -> None:
+    """Kill every process whose command line names one of ``markers`` (a cluster's temp folder or
+    address), with its children: a test's own cluster, never another Ray on the machine."""
+    family = set().union(*(ray_processes(m) for m in markers))
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(list(family), timeout=30)
+
+
 @dataclass(frozen=True)
 class Cluster:
     dashboard: str  # the job API's address
@@ -66,13 +78,7 @@ def local_cluster():
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
         yield Cluster(f"http://127.0.0.1:{dashboard_port}", gcs, ray_tmpdir)
     finally:
-        family = ray_processes(temp_dir)
-        for p in family:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(list(family), timeout=30)
+        stop_processes(temp_dir)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
