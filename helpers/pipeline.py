@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ import pandas as pd
 
 from helpers import engine
 from helpers.data import REJECT_REASON
-from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, read_parts, result_row
+from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, read_parts, result_row
 
 #: Ray Data LLM's per-row error column: a row with a non-empty value skips every stage.
 INFERENCE_ERROR = "__inference_error__"
@@ -314,6 +315,81 @@ def _written_since(folder: Path, since: float) -> bool:
     return any(f.stat().st_mtime >= since for f in folder.glob("**/*.parquet")) if folder.exists() else False
 
 
+#: Seconds between the progress lines of a headless run (papermill, a job); 0 turns them off.
+HEARTBEAT_ENV = "LLM_KIT_HEARTBEAT_S"
+HEARTBEAT_S = 60
+
+
+def heartbeat_seconds() -> float:
+    """:data:`HEARTBEAT_ENV` if set, else :data:`HEARTBEAT_S`."""
+    try:
+        return float(os.environ.get(HEARTBEAT_ENV, HEARTBEAT_S))
+    except ValueError:
+        return HEARTBEAT_S
+
+
+def _progress_line(minutes: float, rows: int, total: int | None, recent: float, window: float) -> str:
+    of = f" of {total:,}" if total else ""
+    left = ""
+    if total and recent > 0 and rows < total:
+        left = f"; about {(total - rows) / recent / 60:.0f} min left at that rate"
+    return (f"[llm-batch-kit] {minutes:.1f} min: {rows:,}{of} rows written, {recent:.1f} rows/s over the last "
+            f"{window:.0f} s{left}")
+
+
+@contextmanager
+def heartbeat(folder: Path, every_s: float, *, total: int | None = None, stream=None) -> Iterator[None]:
+    """While the code inside runs, write a progress line every ``every_s`` seconds: rows written to
+    ``folder`` in this run (result files' footers, each read once), the rate over the last interval
+    and, with a known ``total`` (``LIMIT``), the time left at that rate.
+
+    The lines go to the process's own standard error (``sys.__stderr__``): in a notebook kernel that
+    is the terminal or job log that started papermill, not the executed notebook, so the report
+    stays clean while a long headless run is never silent. ``every_s`` 0: nothing."""
+    if not every_s:
+        yield
+        return
+    stream = stream or sys.__stderr__
+    counted: dict[Path, int] = {}
+
+    def written() -> int:
+        for f in folder.glob("**/*.parquet") if folder.exists() else ():
+            if f not in counted:
+                try:
+                    counted[f] = parquet_rows(f)
+                except Exception:  # a file still being written: counted at the next beat
+                    continue
+        return sum(counted.values())
+
+    before, started, done = written(), time.monotonic(), threading.Event()
+
+    def beat() -> None:
+        last_rows, last_t = 0, started
+        while not done.wait(every_s):
+            rows, now = written() - before, time.monotonic()
+            line = _progress_line((now - started) / 60, rows, total, (rows - last_rows) / max(now - last_t, 1e-9),
+                                  now - last_t)
+            print(line, file=stream, flush=True)
+            last_rows, last_t = rows, now
+
+    threading.Thread(target=beat, daemon=True, name="progress-heartbeat").start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _dashboard() -> str:
+    """Where the Ray Dashboard shows each operator's progress, if Ray says."""
+    try:
+        from ray._private.worker import get_dashboard_url
+
+        url = get_dashboard_url()
+    except Exception:  # a hint only
+        return ""
+    return f"; each operator's progress: the Ray Dashboard, http://{url}" if url else ""
+
+
 class _NoResultsInTime(KeyboardInterrupt):
     """Raised in the main thread by :func:`first_results_within`'s watchdog. A KeyboardInterrupt,
     so that Ray Data stops the run as it does for Ctrl-C."""
@@ -389,7 +465,14 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                                fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
-    with first_results_within(out.parts(RESULTS), session.startup_timeout_s):
+    # Headless (no progress reports): a line in the log every minute, never in the report.
+    beat_s = 0 if session.progress else heartbeat_seconds()
+    total = max(limit - out.rows_done, 0) if limit else None
+    if beat_s:
+        print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{_dashboard()}",
+              file=sys.__stderr__, flush=True)
+    with first_results_within(out.parts(RESULTS), session.startup_timeout_s), \
+            heartbeat(out.parts(RESULTS), beat_s, total=total):
         written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.

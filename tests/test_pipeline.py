@@ -301,3 +301,32 @@ def test_the_startup_timeout_works_where_sigint_is_ignored(tmp_path):
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # put back as it was
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_headless_run_logs_its_progress_outside_the_report(tmp_path):
+    """A 1M-row job printed its settings and then nothing for an hour: the heartbeat writes a line
+    per interval (rows, rate, time left) to the process's own stderr, never into the notebook."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    pq.write_table(pa.table({"x": list(range(5))}), folder / "resumed.parquet")  # an interrupted run's rows
+    log = io.StringIO()
+    with pipeline.heartbeat(folder, 0.3, total=30, stream=log):
+        for i in range(3):
+            time.sleep(0.35)
+            pq.write_table(pa.table({"x": list(range(10))}), folder / f"part-{i}.parquet")
+        time.sleep(0.5)
+    lines = log.getvalue().splitlines()
+    assert len(lines) >= 3 and all(line.startswith("[llm-batch-kit] ") for line in lines)
+    assert " 30 of 30 rows written" in lines[-1]  # this run's rows only, of the total it was given
+    assert "rows/s over the last" in lines[0] and "min left" in " ".join(lines[:-1])
+    log = io.StringIO()
+    with pipeline.heartbeat(folder, 0, stream=log):
+        time.sleep(0.2)
+    assert log.getvalue() == ""
+    assert pipeline._progress_line(2.0, 100, None, 5.0, 60) == \
+        "[llm-batch-kit] 2.0 min: 100 rows written, 5.0 rows/s over the last 60 s"

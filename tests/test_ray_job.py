@@ -130,6 +130,7 @@ def test_a_cluster_running_on_this_machine_is_joined_as_ray_init_joins_it(local_
     authentication on), the notebook joins it, says so, and accounts for every row."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["RAY_TMPDIR"] = local_cluster.ray_tmpdir  # where ray.init() looks for the running cluster
+    env["LLM_KIT_HEARTBEAT_S"] = "5"  # a headless run's progress lines (every minute by default)
     found = subprocess.run([sys.executable, "-c", "from helpers import engine; print(engine.cluster_address())"],
                            env=env, capture_output=True, text=True, timeout=120)
     assert found.stdout.strip() == local_cluster.gcs, found.stderr[-2000:]
@@ -142,3 +143,6 @@ def test_a_cluster_running_on_this_machine_is_joined_as_ray_init_joins_it(local_
     assert summary["rows read"] == 12 and summary["all rows accounted for"] and summary["the model answered"]
     executed = (out / "text_classification" / "text_classification.ipynb").read_text()
     assert f"joined the Ray cluster at {local_cluster.gcs}: 3 CPUs" in executed
+    # Progress went to the log (the kernel's own stderr, which papermill's terminal shows), not the report.
+    assert "[llm-batch-kit] pipeline started: a progress line every 5 s here" in run.stderr
+    assert "rows written, " in run.stderr and "[llm-batch-kit]" not in executed
