@@ -83,10 +83,11 @@ def checkpoint_parameters(folder: Path) -> float | None:
     else ``metadata.total_size`` in bytes over the size of the shapes' dtype)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        metadata = json.loads(index.read_text()).get("metadata") or {}
+        stated = json.loads(index.read_text())
+        metadata = stated.get("metadata") or {}
         if metadata.get("total_parameters"):
             return float(metadata["total_parameters"])
-        shards = sorted({folder / name for name in (json.loads(index.read_text()).get("weight_map") or {}).values()})
+        shards = sorted({folder / name for name in (stated.get("weight_map") or {}).values()})
         if shards and all(s.is_file() for s in shards):
             return sum(_safetensors_parameters(s) for s in shards)
         if metadata.get("total_size"):

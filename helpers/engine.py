@@ -43,10 +43,11 @@ def cluster_address() -> str | None:
     Ray's own rule is to join such a cluster even without ``RAY_ADDRESS``: the kit follows it
     (and then must not size the cluster: Ray refuses ``num_cpus`` when it connects). A record left
     by a cluster that is gone is ignored (``ray.init()`` would try to join it and fail)."""
-    if os.environ.get("RAY_ADDRESS") not in (None, "", "local"):
-        return os.environ["RAY_ADDRESS"]
-    if os.environ.get("RAY_ADDRESS") == "local":  # Ray's own word for "start one, join none"
+    address = os.environ.get("RAY_ADDRESS") or None
+    if address == "local":  # Ray's own word for "start one, join none"
         return None
+    if address:
+        return address
     from ray._private import services
 
     recorded = services.find_bootstrap_address(None)
