@@ -120,7 +120,13 @@ def has_checkpoint(folder: Path) -> bool:
     An empty folder, or one with only ``.pending`` files (a write killed before it committed), has
     nothing to resume from: that write starts over, which also removes its orphaned data files.
     """
-    return folder.is_dir() and any(not f.name.endswith(".pending.parquet") for f in folder.glob("*.parquet"))
+    return any(committed_checkpoints(folder))
+
+
+def committed_checkpoints(folder: Path) -> list[Path]:
+    """The checkpoint files in ``folder`` that Ray committed (ids of finished rows), without the
+    ``.pending`` ones a write killed before its commit left."""
+    return [f for f in folder.glob("*.parquet") if not f.name.endswith(".pending.parquet")] if folder.is_dir() else []
 
 
 def parquet_rows(path: Path) -> int:
@@ -188,8 +194,8 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     rows_done = 0
     if resume and interrupted and previous == current:
         message = "resuming an interrupted run: rows it finished are skipped"
-        rows_done = sum(parquet_rows(f) for f in (out / CHECKPOINT).glob("*/*.parquet")
-                        if not f.name.endswith(".pending.parquet"))
+        rows_done = sum(parquet_rows(f) for folder in (out / CHECKPOINT).glob("*")
+                        for f in committed_checkpoints(folder))
     else:
         if resume and interrupted:
             message = "an interrupted run used other settings: starting fresh"
