@@ -174,6 +174,29 @@ def _kit_run_file(path: Path) -> bool:
         return False
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def describe_request(request: Any) -> Any:
+    """``request`` (what your ``preprocess`` returns) as plain JSON that is the same whenever the
+    request is: images (PIL or arrays) become their mode, size and a hash of their pixels, other
+    objects their text without memory addresses. Put it in the run's settings, and an edit to
+    ``preprocess`` that changes what is sent makes the next run start fresh instead of resuming."""
+    if isinstance(request, Mapping):
+        return {str(k): describe_request(v) for k, v in request.items()}
+    if isinstance(request, (list, tuple)):
+        return [describe_request(v) for v in request]
+    if request is None or isinstance(request, (str, bool, int, float)):
+        return request
+    if hasattr(request, "tobytes") and hasattr(request, "size") and hasattr(request, "mode"):  # a PIL image
+        digest = hashlib.sha256(request.tobytes()).hexdigest()[:16]
+        return f"image {request.mode} {request.size[0]}x{request.size[1]} sha256:{digest}"
+    if hasattr(request, "tobytes") and hasattr(request, "shape"):  # a numpy array
+        digest = hashlib.sha256(request.tobytes()).hexdigest()[:16]
+        return f"array {request.dtype} {tuple(request.shape)} sha256:{digest}"
+    return _ADDRESS.sub("", f"{type(request).__name__}: {request}")
+
+
 def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None) -> RunOutputs:
     """Create the output folder and decide whether this run resumes an interrupted one.
 

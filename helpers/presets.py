@@ -74,6 +74,13 @@ class Preset:
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size if self.accelerator_type else 0
 
+    @property
+    def gpus(self) -> int:
+        """GPUs the run holds at most: replicas (the upper bound, if autoscaling) x GPUs per replica."""
+        from helpers.engine import max_replicas
+
+        return max_replicas(self.concurrency) * self.gpus_per_replica
+
     def override(self, **changes: Any) -> Preset:
         """A copy with ``changes``; unknown field names fail, listing the valid ones."""
         valid = {f.name for f in dataclasses.fields(self)}
@@ -227,7 +234,7 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
     """The run configuration that fits ``cluster`` (see :func:`select`)."""
     import math
 
-    from helpers.checks import GIB, model_shape
+    from helpers.shapes import GIB, model_shape
 
     gpus = int(cluster.get("GPU", 0))
     if gpus == 0:

@@ -83,12 +83,14 @@ def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Ser
     return fig
 
 
-def throughput(result) -> pd.Series:
+def throughput(result, whole_input=None, gpus: int = 0) -> pd.Series:
     """This run's throughput (a :class:`helpers.pipeline.RunResult`): rows per second end to end
     (engine start included) and in steady state, and the tokens of the rows answered in this run
-    (a resumed run counts only its own rows)."""
+    (a resumed run counts only its own rows); with ``whole_input`` (:mod:`helpers.sizing`), what
+    the whole input would take (:func:`projection`)."""
     t = result.throughput
     rows = t.answered_rows
+    projected = projection(result, whole_input, gpus) if whole_input is not None else {}
     return pd.Series({
         "rows written in this run": t.rows,
         "wall time, engine start included (s)": round(t.seconds, 1),
@@ -98,7 +100,24 @@ def throughput(result) -> pd.Series:
         "input tokens/row": round(t.input_tokens / rows, 1) if rows else float("nan"),
         "output tokens/row": round(t.output_tokens / rows, 2) if rows else float("nan"),
         "output tokens/s, steady state": round(t.output_tokens / rows * t.steady, 1) if rows else float("nan"),
+        **projected,
     })
+
+
+def projection(result, whole_input, gpus: int) -> dict:
+    """What the whole input (a :class:`helpers.sizing.InputSize`) would take at this run's steady
+    rate on the same cluster (engine start not included), and on what basis; or why it is not
+    projected. ``gpus``: the GPUs the run held (0 on a CPU)."""
+    t = result.throughput
+    entries = {"whole input, rows": whole_input.rows, "whole input, size from": whole_input.basis}
+    if whole_input.rows is None:
+        return {**entries, "whole input, projected hours": "not projected: the input's size is unknown"}
+    if math.isnan(t.steady) or t.steady <= 0:
+        return {**entries, "whole input, projected hours": f"not projected: no steady rate ({t.steady_basis})"}
+    hours = whole_input.rows / t.steady / 3600
+    return {**entries, "whole input, projected hours": round(hours, 2),
+            "whole input, projected GPU-hours": round(hours * gpus, 2) if gpus else "none: a CPU run",
+            "whole input, projected from": f"this run's steady state, {t.steady:.2f} rows/s, on the same cluster"}
 
 
 def _error_counts(errors: pd.DataFrame) -> tuple[int, int, int]:

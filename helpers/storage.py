@@ -81,6 +81,16 @@ def filesystem(path: str):
     return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region)
 
 
+def resolve(path: str, fs=None):
+    """``(filesystem, path within it)`` for a local path, ``file://`` or cloud URI: ``fs`` when given
+    (:func:`filesystem`), else the one pyarrow infers from the URI."""
+    from pyarrow import fs as pafs
+
+    if fs is None:
+        return pafs.FileSystem.from_uri(path if scheme(path) else os.path.abspath(path))
+    return fs, path.split("://", 1)[1] if "://" in path else path
+
+
 def list_files(path: str, fs=None) -> list[str]:
     """The files under ``path`` (itself, if it is a file), hidden ones left out, sorted.
 
@@ -92,10 +102,7 @@ def list_files(path: str, fs=None) -> list[str]:
         return [path]
     from pyarrow import fs as pafs
 
-    if fs is None:
-        fs, where = pafs.FileSystem.from_uri(path if scheme(path) else os.path.abspath(path))
-    else:
-        where = path.split("://", 1)[1] if "://" in path else path
+    fs, where = resolve(path, fs)
     info = fs.get_file_info(where)
     if info.type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"nothing at {path!r}")

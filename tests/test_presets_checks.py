@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from helpers import checks, classify, presets
+from helpers import checks, classify, presets, shapes
 from helpers.presets import PRESETS, Preset
 
 
@@ -60,12 +60,12 @@ def test_preset_names_and_overview_cover_each_task():
 
 
 def test_model_shape_from_a_folder_a_known_id_or_none(smollm2_path, monkeypatch):
-    shape = checks.model_shape(str(smollm2_path))
+    shape = shapes.model_shape(str(smollm2_path))
     assert (shape.layers, shape.kv_heads, shape.head_dim) == (30, 3, 64)
     assert 1.2e8 < shape.parameters < 1.5e8  # SmolLM2-135M
-    assert checks.model_shape("unsloth/Llama-3.1-8B-Instruct") is checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]
+    assert shapes.model_shape("unsloth/Llama-3.1-8B-Instruct") is shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert checks.model_shape("someone/unknown-model") is None
+    assert shapes.model_shape("someone/unknown-model") is None
 
 
 def test_every_preset_passes_its_own_checks():
@@ -84,23 +84,23 @@ def test_batching_rule_with_numbers():
 
 def test_memory_estimate_errors_when_weights_do_not_fit_and_warns_on_kv():
     seventy_b_on_one_l4 = PRESETS["text-llama8b-l4"].override(model_source="meta-llama/Llama-3.1-70B-Instruct")
-    [finding] = checks.memory(seventy_b_on_one_l4, checks.KNOWN_MODELS["meta-llama/Llama-3.1-70B-Instruct"])
+    [finding] = checks.memory(seventy_b_on_one_l4, shapes.KNOWN_MODELS["meta-llama/Llama-3.1-70B-Instruct"])
     assert finding.level == "error" and "weights need 131.5 GiB per GPU" in finding.message
     long_context = PRESETS["text-llama8b-l4"].override(max_model_len=8192)
-    [finding] = checks.memory(long_context, checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"])
+    [finding] = checks.memory(long_context, shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"])
     assert finding.level == "warning" and "256 sequences x 8192 tokens" in finding.message
     # The seed's own L4 run: the weights fit, but not 256 full-length sequences at once (~143 do).
-    [seed] = checks.memory(PRESETS["text-llama8b-l4"], checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"])
+    [seed] = checks.memory(PRESETS["text-llama8b-l4"], shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"])
     assert seed.level == "warning" and "only ~143 full-length sequences fit" in seed.message
-    assert checks.memory(PRESETS["text-llama8b-a100"], checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]) == []
+    assert checks.memory(PRESETS["text-llama8b-a100"], shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]) == []
 
 
 def test_model_shape_from_config_matches_published_size():
     llama8b = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
-    shape = checks.ModelShape.from_config(llama8b)
+    shape = shapes.ModelShape.from_config(llama8b)
     assert abs(shape.parameters - 8.03e9) / 8.03e9 < 0.01
-    assert shape.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == checks.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"].kv_bytes_per_token
+    assert shape.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"].kv_bytes_per_token
 
 
 MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-Instruct-v0.1's config.json (46.7e9 weights published)
@@ -110,9 +110,9 @@ MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-Instruct-v0.1's config.json (46.7e9 w
 
 
 def test_mixture_of_experts_counts_every_expert():
-    shape = checks.ModelShape.from_config(MIXTRAL_8X7B)
+    shape = shapes.ModelShape.from_config(MIXTRAL_8X7B)
     assert abs(shape.parameters - 46.7e9) / 46.7e9 < 0.01, shape.parameters  # was 7.2e9: one expert's worth
-    dense = checks.ModelShape.from_config({k: v for k, v in MIXTRAL_8X7B.items() if k != "num_local_experts"})
+    dense = shapes.ModelShape.from_config({k: v for k, v in MIXTRAL_8X7B.items() if k != "num_local_experts"})
     assert dense.parameters < 7.5e9
 
 
@@ -131,18 +131,18 @@ def test_a_checkpoint_states_its_weight_count(tmp_path):
               "vocab_size": 1000}
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file({"a": torch.zeros(1000, 64), "b": torch.zeros(3, 5)}, str(tmp_path / "model.safetensors"))
-    assert checks.checkpoint_parameters(tmp_path) == 64_015
-    assert checks.model_shape(str(tmp_path)).parameters == 64_015  # read, not the config's estimate
+    assert shapes.checkpoint_parameters(tmp_path) == 64_015
+    assert shapes.model_shape(str(tmp_path)).parameters == 64_015  # read, not the config's estimate
     (tmp_path / "model.safetensors").rename(tmp_path / "model-00001-of-00001.safetensors")
     index = {"metadata": {"total_size": 256_060}, "weight_map": {"a": "model-00001-of-00001.safetensors"}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert checks.checkpoint_parameters(tmp_path) == 64_015  # the shards' headers
+    assert shapes.checkpoint_parameters(tmp_path) == 64_015  # the shards' headers
     (tmp_path / "model-00001-of-00001.safetensors").unlink()
-    assert checks.checkpoint_parameters(tmp_path) == 128_030  # total_size / 2 bytes (bf16 by default)
+    assert shapes.checkpoint_parameters(tmp_path) == 128_030  # total_size / 2 bytes (bf16 by default)
     index["metadata"]["total_parameters"] = 99
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert checks.checkpoint_parameters(tmp_path) == 99
-    assert checks.checkpoint_parameters(tmp_path / "nothing") is None
+    assert shapes.checkpoint_parameters(tmp_path) == 99
+    assert shapes.checkpoint_parameters(tmp_path / "nothing") is None
 
 
 def test_tensor_parallel_over_pcie_is_warned():

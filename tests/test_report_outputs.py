@@ -1,3 +1,4 @@
+import json
 import math
 from pathlib import Path
 
@@ -313,3 +314,31 @@ def test_image_grid_shows_any_caption_as_written(tmp_path):
     assert (tmp_path / "grid.png").stat().st_size > 1000
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "$x^$" in texts and "(empty)" in texts
+
+
+def test_an_edited_preprocess_starts_fresh_not_a_mix_of_old_and_new_answers(tmp_path):
+    """Resume is keyed on the request an example row produces, so an edit anywhere in
+    ``preprocess`` (not only in TASK or the template) is a new run; images compare by pixels."""
+    import numpy as np
+    from PIL import Image
+
+    def preprocess(row, extra=""):
+        image = Image.fromarray(np.full((28, 28, 3), row["v"], dtype=np.uint8))
+        return {"messages": [{"role": "user", "content": [{"type": "text", "text": "Describe." + extra},
+                                                          {"type": "image_pil", "image_pil": image}]}],
+                "sampling_params": {"max_tokens": 8}}
+
+    first = outputs.describe_request(preprocess({"v": 0}))
+    assert first == outputs.describe_request(preprocess({"v": 0}))  # a new PIL object, same request
+    assert "0x" not in json.dumps(first) and "image RGB 28x28 sha256:" in json.dumps(first)
+    assert first != outputs.describe_request(preprocess({"v": 1}))  # other pixels
+    out = tmp_path / "o"
+    interrupted_run(out, {"model": "a", "request": first})
+    same = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "a", "request": first})
+    assert same.message.startswith("resuming")
+    other = tmp_path / "other"
+    interrupted_run(other, {"model": "a", "request": first})
+    edited = outputs.describe_request(preprocess({"v": 0}, extra=" Be brief."))
+    run = outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
+    assert run.message == "an interrupted run used other settings: starting fresh"
+    assert json.loads((other / outputs.RUN_FILE).read_text())["settings"]["request"] == edited  # readable in run.json

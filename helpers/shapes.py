@@ -1,0 +1,132 @@
+"""Model shapes: what GPU memory depends on (weight count, KV-cache bytes per token).
+
+Read from a local checkpoint (``config.json`` and the safetensors headers), from the shapes of the
+presets' models, or from the hub (a few KB). Used by :mod:`helpers.presets` (what "auto" fits) and
+:mod:`helpers.checks` (what must fit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+BYTES_PER_WEIGHT = {None: 2.0, "fp8": 1.0, "awq": 0.5, "gptq": 0.5}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What memory depends on: weight count, and the KV cache's size per token."""
+
+    parameters: float
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_bytes: int = 2  # 16-bit KV cache
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes  # keys and values
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], parameters: float | None = None) -> ModelShape:
+        """Estimate from a Hugging Face ``config.json`` (Llama/Qwen-style decoder; ``text_config`` if
+        nested). ``parameters``, when known (:func:`checkpoint_parameters`), replaces the estimate.
+
+        Mixture-of-experts layers count every expert (all of them sit in GPU memory, whichever few a
+        token uses): ``num_local_experts`` (Mixtral), ``num_experts`` (Qwen-MoE) or ``n_routed_experts``
+        (DeepSeek), each of ``moe_intermediate_size`` (else ``intermediate_size``), plus shared experts;
+        DeepSeek's first ``first_k_dense_replace`` layers are dense."""
+        c = dict(config.get("text_config") or config)
+        hidden, layers = c["hidden_size"], c["num_hidden_layers"]
+        heads = c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads", heads)
+        head_dim = c.get("head_dim") or hidden // heads
+        if parameters is None:
+            attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+            dense_mlp = 3 * hidden * c["intermediate_size"]
+            experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
+            if experts:
+                expert = c.get("moe_intermediate_size") or c["intermediate_size"]
+                shared = c.get("shared_expert_intermediate_size") or (c.get("n_shared_experts") or 0) * expert
+                router = hidden * experts
+                moe_mlp = 3 * hidden * (experts * expert + shared) + router
+                dense_layers = min(layers, c.get("first_k_dense_replace") or 0)
+                mlp_total = dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
+            else:
+                mlp_total = layers * dense_mlp
+            tied = c.get("tie_word_embeddings", config.get("tie_word_embeddings"))
+            embeddings = c["vocab_size"] * hidden * (1 if tied else 2)
+            parameters = layers * attention + mlp_total + embeddings
+        return cls(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+
+
+def checkpoint_parameters(folder: Path) -> float | None:
+    """The weight count a local checkpoint states, or ``None`` when it states none.
+
+    Read, never estimated: the tensor shapes in each ``*.safetensors`` file's header (a few KB read
+    per file, no weights loaded), or a sharded checkpoint's index (``metadata.total_parameters``,
+    else ``metadata.total_size`` in bytes over the size of the shapes' dtype)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        stated = json.loads(index.read_text())
+        metadata = stated.get("metadata") or {}
+        if metadata.get("total_parameters"):
+            return float(metadata["total_parameters"])
+        shards = sorted({folder / name for name in (stated.get("weight_map") or {}).values()})
+        if shards and all(s.is_file() for s in shards):
+            return sum(_safetensors_parameters(s) for s in shards)
+        if metadata.get("total_size"):
+            config = folder / "config.json"
+            dtype = json.loads(config.read_text()).get("torch_dtype", "bfloat16") if config.is_file() else "bfloat16"
+            return float(metadata["total_size"]) / (4 if dtype == "float32" else 2)
+        return None
+    files = sorted(folder.glob("*.safetensors"))
+    return sum(_safetensors_parameters(f) for f in files) if files else None
+
+
+def _safetensors_parameters(path: Path) -> float:
+    import struct
+
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return float(sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__"))
+
+
+#: Shapes of the presets' models, from their published config.json files (weights in billions).
+KNOWN_MODELS: dict[str, ModelShape] = {
+    "unsloth/Llama-3.1-8B-Instruct": ModelShape(8.03e9, 32, 8, 128),
+    "meta-llama/Llama-3.1-70B-Instruct": ModelShape(70.6e9, 80, 8, 128),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ModelShape(3.75e9, 36, 2, 128),
+    "meta-llama/Llama-3.2-90B-Vision-Instruct": ModelShape(88.6e9, 100, 8, 128),
+}
+
+
+def model_shape(model: str) -> ModelShape | None:
+    """The shape of ``model``: a local folder's ``config.json`` (its weight count read from the
+    checkpoint's own files), a known preset model, or the hub's config and safetensors headers (a
+    few KB; needs the network). ``None`` when none of these is available: the memory
+    check is then skipped."""
+    config_file = Path(model) / "config.json"
+    if config_file.is_file():
+        return ModelShape.from_config(json.loads(config_file.read_text()), checkpoint_parameters(Path(model)))
+    if model in KNOWN_MODELS:
+        return KNOWN_MODELS[model]
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model).to_dict()
+    except (OSError, ValueError, KeyError):
+        return None
+    try:  # the weight count the hub's safetensors headers state (a few KB each), else the estimate
+        from huggingface_hub import get_safetensors_metadata
+
+        stated = float(sum(get_safetensors_metadata(model).parameter_count.values()))
+    except Exception:  # no network, no safetensors, an old hub client: the config's estimate stands
+        stated = None
+    return ModelShape.from_config(config, stated)
