@@ -15,7 +15,7 @@ from typing import Any
 
 from helpers.engine import max_replicas
 from helpers.presets import GPUS, Preset
-from helpers.shapes import BYTES_PER_WEIGHT, GIB, ModelShape
+from helpers.shapes import BYTES_PER_WEIGHT, GIB, KNOWN_MODELS, ModelShape
 
 @dataclass(frozen=True)
 class Finding:

@@ -77,3 +77,59 @@ def test_processor_skips_engine_metrics_and_keeps_failed_rows(path):
         assert keywords["tokenize_stage"] == "{'enabled': run_config.tokenize_stage, 'num_cpus': CPU_STAGE_CPUS}"
     else:
         assert keywords["tokenize_stage"] is False
+
+
+# A newcomer reads a notebook in 15 minutes: at most 26 cells and 1,200 words of prose before
+# "Going further"; the first parameters are the ones people change (data, columns, model, preset, output).
+MAX_CELLS, MAX_WORDS = 26, 1_200
+FIRST_PARAMETERS = {
+    "text_classification.ipynb": ["INPUT_PATH", "TEXT_COLUMN", "MODEL_SOURCE", "PRESET", "OUTPUT_DIR"],
+    "vlm_captioning.ipynb": ["INPUT_PATH", "IMAGE_COLUMN", "MODEL_SOURCE", "PRESET", "OUTPUT_DIR"],
+}
+
+
+def prose_words_before_going_further(nb) -> int:
+    words = 0
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            if cell.source.startswith("## Going further"):
+                return words
+            words += len(cell.source.split())
+    raise AssertionError("no '## Going further' section")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_reads_in_fifteen_minutes(path):
+    from helpers import params
+
+    nb = nbformat.read(path, as_version=4)
+    assert len(nb.cells) <= MAX_CELLS, f"{path.name}: {len(nb.cells)} cells"
+    assert prose_words_before_going_further(nb) <= MAX_WORDS
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assert [p.name for p in params.parse_cell(cell.source)][:5] == FIRST_PARAMETERS[path.name]
+
+
+def test_each_notebook_stands_alone():
+    for path in NOTEBOOKS:
+        other = ({p.stem for p in NOTEBOOKS} - {path.stem}).pop()
+        prose = " ".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown")
+        for phrase in ("text notebook", "captioning notebook", other, "as for text", "as in the"):
+            assert phrase not in prose, f"{path.name} leans on the other notebook: {phrase!r}"
+
+
+def test_helpers_import_graph_has_no_circles():
+    """Modules import downward only: every ``helpers`` import, at the top or inside a function."""
+    import ast
+    import graphlib
+
+    graph = {}
+    for module in sorted((REPO / "helpers").glob("*.py")):
+        deps = set()
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers"):
+                deps |= {node.module.split(".")[1]} if "." in node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("helpers.")}
+        graph[module.stem] = deps - {module.stem}
+    assert graph["checks"] >= {"presets", "shapes"}  # the graph is really read
+    list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a circle
