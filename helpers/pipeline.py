@@ -379,6 +379,14 @@ def heartbeat(folder: Path, every_s: float, *, total: int | None = None, stream=
         done.set()
 
 
+#: Ray logs one error-level line per process as Ray Data's actor stages start (core_worker.cc, "has
+#: constructor arguments in the object store and max_restarts > 0"). It cannot be quieted alone, and it
+#: needs no action here: Ray Data holds those arguments for the whole run. Headless runs say so first.
+ACTOR_ARGUMENTS_NOTE = ("Ray may now log an 'E ... core_worker.cc' line that an actor 'has constructor arguments "
+                        "in the object store': expected with Ray Data's actor stages, nothing to do (Ray Data "
+                        "keeps those arguments for the whole run; ray-project/ray#53727).")
+
+
 def _dashboard() -> str:
     """Where the Ray Dashboard shows each operator's progress, if Ray says."""
     try:
@@ -469,8 +477,8 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     beat_s = 0 if session.progress else heartbeat_seconds()
     total = max(limit - out.rows_done, 0) if limit else None
     if beat_s:
-        print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{_dashboard()}",
-              file=sys.__stderr__, flush=True)
+        print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{_dashboard()}.\n"
+              f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=sys.__stderr__, flush=True)
     with first_results_within(out.parts(RESULTS), session.startup_timeout_s), \
             heartbeat(out.parts(RESULTS), beat_s, total=total):
         written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)

