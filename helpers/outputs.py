@@ -19,17 +19,20 @@ import re
 import shutil
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from helpers.location import Location, check_writable
 
 PARTS = "parts"
 CHECKPOINT = "checkpoint"
 RUN_FILE = "run.json"
 #: The file that marks a folder as the kit's: only in such a folder does a run remove anything.
 MARKER = ".llm-batch-kit"
+MARKER_TEXT = "Results of the LLM batch inference kit: a new run here replaces them.\n"
 PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
 #: Derived files a run writes at the end; every run rewrites them.
@@ -51,7 +54,12 @@ def _remove(path: Path) -> None:
 
 @dataclass(frozen=True)
 class RunOutputs:
-    """The output folder of one run and how it writes (see the module docstring)."""
+    """The output folder of one run and how it writes (see the module docstring).
+
+    ``root`` is the local folder this process writes the tables, charts and summary to: ``OUTPUT_DIR``
+    itself, or, for ``OUTPUT_DIR`` in object storage (``location``), a local staging folder that
+    :meth:`publish` copies there at the end. Ray's result parts and checkpoints are written to
+    ``OUTPUT_DIR`` directly, from whichever node holds the rows."""
 
     root: Path
     resume: bool
@@ -59,12 +67,29 @@ class RunOutputs:
     #: Rows an interrupted run finished (its committed checkpoints' ids), 0 when starting fresh: a
     #: resumed run with a row limit runs only the rest (:func:`helpers.pipeline.run`).
     rows_done: int = 0
+    #: Where the results land when that is not ``root`` (a bucket); None: ``root`` itself.
+    location: Location | None = None
 
-    def parts(self, name: str) -> Path:
-        return self.root / PARTS / name
+    @property
+    def where(self) -> Location:
+        """Where the results land: ``OUTPUT_DIR``, local or in object storage."""
+        return self.location or Location.of(self.root)
 
-    def checkpoint(self, name: str) -> Path:
-        return self.root / CHECKPOINT / name
+    def parts(self, name: str) -> Location:
+        return self.where / PARTS / name
+
+    def checkpoint(self, name: str) -> Location:
+        return self.where / CHECKPOINT / name
+
+    def publish(self) -> str:
+        """Copy the files this process wrote (tables, charts, summary) to ``OUTPUT_DIR`` when it is in
+        object storage; say where the results are."""
+        if self.location is None:
+            return f"results in {self.root}"
+        copied = sorted(f for f in self.root.iterdir() if f.is_file())
+        for f in copied:
+            (self.location / f.name).upload(f)
+        return f"results in {self.location}: {len(copied)} files copied there ({', '.join(f.name for f in copied)})"
 
     def write(self, ds, name: str, *, id_column: str | None, num_cpus: float) -> "Written":
         """Write ``ds`` to ``parts/<name>``, resumably when possible; say what was written now.
@@ -79,30 +104,34 @@ class RunOutputs:
         target, checkpoint = self.parts(name), self.checkpoint(name)
         resuming = self.resume and id_column is not None and has_checkpoint(checkpoint)
         if not resuming:
-            _remove(target)
-            _remove(checkpoint)
-        before = set(target.glob("**/*.parquet"))
+            target.remove()
+            checkpoint.remove()
+        before = {f for f, _ in target.files()}
+        # Object storage: Ray gets the filesystem the kit resolved (an S3-compatible endpoint's); a
+        # local folder: Ray's own, as before.
+        fs = target.fs if target.remote else None
         # A dataset keeps the DataContext it was created with (shared by the datasets derived from
         # it), so the checkpoint config goes on the dataset's context, only for this write.
         context = ds.context
         if self.resume and id_column is not None:
-            context.checkpoint_config = CheckpointConfig(id_column=id_column, checkpoint_path=str(checkpoint),
-                                                         delete_checkpoint_on_success=True,
+            context.checkpoint_config = CheckpointConfig(id_column=id_column, checkpoint_path=checkpoint.uri,
+                                                         override_filesystem=fs, delete_checkpoint_on_success=True,
                                                          checkpoint_filter_cls=AnyBlockCheckpointFilter)
         try:
             with warnings.catch_warnings():
                 # Ray only warns when a plan cannot be checkpointed; a resumable run must not lose that.
                 warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")
-                ds.write_parquet(str(target), mode="append" if resuming else "overwrite",
-                                 ray_remote_args={"num_cpus": num_cpus})
+                ds.write_parquet(target.path if fs else target.uri, filesystem=fs,
+                                 mode="append" if resuming else "overwrite", ray_remote_args={"num_cpus": num_cpus})
         finally:
             context.checkpoint_config = None
-        after = set(target.glob("**/*.parquet"))
+        listed = target.files()
+        after = {f for f, _ in listed}
         new = sorted(after - before)
         # Files listed before the write that are gone now were deleted by Ray's recovery: data files of
         # a write killed before its checkpoint committed (their rows are not done, and were run again).
         return Written(rows=sum(parquet_rows(p) for p in new), rows_before=sum(parquet_rows(p) for p in before & after),
-                       files=new)
+                       files=new, written_at={f: t for f, t in listed})
 
 
 @dataclass(frozen=True)
@@ -111,10 +140,11 @@ class Written:
 
     rows: int
     rows_before: int
-    files: list[Path]
+    files: list[Location]
+    written_at: dict[Location, float] = field(default_factory=dict)  # each file's modification time
 
 
-def has_checkpoint(folder: Path) -> bool:
+def has_checkpoint(folder: Path | Location) -> bool:
     """True when ``folder`` holds committed checkpoint files (ids of rows a run finished).
 
     An empty folder, or one with only ``.pending`` files (a write killed before it committed), has
@@ -123,16 +153,16 @@ def has_checkpoint(folder: Path) -> bool:
     return any(committed_checkpoints(folder))
 
 
-def committed_checkpoints(folder: Path) -> list[Path]:
+def committed_checkpoints(folder: Path | Location) -> list[Location]:
     """The checkpoint files in ``folder`` that Ray committed (ids of finished rows), without the
     ``.pending`` ones a write killed before its commit left."""
-    return [f for f in folder.glob("*.parquet") if not f.name.endswith(".pending.parquet")] if folder.is_dir() else []
+    folder = Location.of(folder)
+    return [folder / name for name in folder.children()
+            if name.endswith(".parquet") and not name.endswith(".pending.parquet")]
 
 
-def parquet_rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(path).metadata.num_rows
+def parquet_rows(path: Path | Location) -> int:
+    return Location.of(path).parquet_rows()
 
 
 class NotTheKitsFolderError(FileExistsError):
@@ -161,15 +191,15 @@ def claim_output_dir(path: str | Path) -> Path:
                 "replaces its own earlier results there, by name, so it needs a folder of its own: choose a new "
                 "or empty folder.")
     try:
-        (out / MARKER).write_text("Results of the LLM batch inference kit: a new run here replaces them.\n")
+        (out / MARKER).write_text(MARKER_TEXT)
     except OSError as exc:
         raise PermissionError(f"OUTPUT_DIR={str(path)!r} is not writable: {exc}") from exc
     return out
 
 
-def _kit_run_file(path: Path) -> bool:
+def _kit_run_file(path: Path | Location) -> bool:
     try:
-        return "fingerprint" in json.loads(path.read_text())
+        return "fingerprint" in json.loads(Location.of(path).read_text())
     except (OSError, ValueError, TypeError):
         return False
 
@@ -207,36 +237,71 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     """
     from helpers.storage import redact_all
 
-    out = claim_output_dir(path)
-    run_file = out / RUN_FILE
+    where = Location.of(path)
+    if where.remote:
+        claim_location(where)
+        root = staging_folder(where)
+    else:
+        root = claim_output_dir(path)
+        where = Location.of(root)
+    run_file = where / RUN_FILE
     # Secrets in a path (a presigned URL's signature) are never written; a re-signed URL still resumes.
     settings = redact_all(dict(settings or {}))
     current = fingerprint(settings)
     previous = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
-    interrupted = any(has_checkpoint(folder) for folder in (out / CHECKPOINT).glob("*"))
+    checkpoints = [where / CHECKPOINT / name for name in (where / CHECKPOINT).children()]
+    interrupted = any(has_checkpoint(folder) for folder in checkpoints)
     rows_done = 0
     if resume and interrupted and previous == current:
         message = "resuming an interrupted run: rows it finished are skipped"
-        rows_done = sum(parquet_rows(f) for folder in (out / CHECKPOINT).glob("*")
-                        for f in committed_checkpoints(folder))
+        rows_done = sum(parquet_rows(f) for folder in checkpoints for f in committed_checkpoints(folder))
     else:
         if resume and interrupted:
             message = "an interrupted run used other settings: starting fresh"
         else:
-            message = "starting fresh" + (" (replacing the results of an earlier run)" if (out / PARTS).exists() else "")
+            message = "starting fresh" + (" (replacing the results of an earlier run)" if (where / PARTS).exists() else "")
         for name in (PARTS, CHECKPOINT):
-            _remove(out / name)
+            (where / name).remove()
     for name in DERIVED:
-        _remove(out / name)
+        (where / name).remove()
     run_file.write_text(json.dumps({"fingerprint": current, "settings": settings}, indent=2, default=str))
-    return RunOutputs(root=out, resume=resume, message=message, rows_done=rows_done)
+    return RunOutputs(root=root, resume=resume, message=message, rows_done=rows_done,
+                      location=where if where.remote else None)
 
 
-def read_parts(folder: Path) -> pd.DataFrame:
-    """Read a Ray-written parquet folder (empty frame if Ray wrote nothing there)."""
-    if not folder.is_dir() or not any(folder.glob("**/*.parquet")):
-        return pd.DataFrame()
-    return pd.read_parquet(folder)
+def staging_folder(location: Location) -> Path:
+    """A new, empty local folder for what this process writes before :meth:`RunOutputs.publish`
+    copies it to ``location`` in object storage."""
+    import tempfile
+
+    digest = hashlib.sha256(location.uri.encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / "llm-batch-kit-staging" / digest
+    _remove(folder)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def claim_location(location: Location) -> None:
+    """:func:`claim_output_dir` for a folder in object storage: check that it can be used
+    (:func:`helpers.location.check_writable`, within seconds), refuse one that holds files the kit
+    did not write, and mark it as the kit's."""
+    check_writable(location)
+    if not (location / MARKER).is_file() and not _kit_run_file(location / RUN_FILE):
+        others = [n for n in location.children() if not n.endswith(".ipynb")]
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise NotTheKitsFolderError(
+                f"OUTPUT_DIR={str(location)!r} is not empty and was not written by this kit (it holds {shown}). A run "
+                "replaces its own earlier results there, by name, so it needs a folder of its own: choose a new "
+                "or empty one.")
+    (location / MARKER).write_text(MARKER_TEXT)
+
+
+def read_parts(folder: Path | Location) -> pd.DataFrame:
+    """Read a Ray-written parquet folder, local or in object storage (empty frame if Ray wrote
+    nothing there)."""
+    files = Location.of(folder).files()
+    return pd.concat([f.read_parquet() for f, _ in files], ignore_index=True) if files else pd.DataFrame()
 
 
 #: Columns every result row carries from the engine (what :func:`result_row` adds besides the

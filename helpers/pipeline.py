@@ -25,6 +25,7 @@ import pandas as pd
 
 from helpers import engine
 from helpers.data import REJECT_REASON
+from helpers.location import Location
 from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, read_parts, result_row
 
 #: Ray Data LLM's per-row error column: a row with a non-empty value skips every stage.
@@ -232,7 +233,7 @@ class RunResult:
     rows_written_now: int  # rows this run wrote
     rows_written_before: int  # rows an interrupted run had written (resumed runs)
     throughput: Throughput
-    files: list[Path] = field(default_factory=list)  # the result files this run wrote
+    files: list[Location] = field(default_factory=list)  # the result files this run wrote
     stats: str = ""  # Ray Data's execution statistics per operator
 
     @property
@@ -311,8 +312,8 @@ def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[fl
     return float(slope), f"fitted over {len(files)} result files written in {span:.1f} s"
 
 
-def _written_since(folder: Path, since: float) -> bool:
-    return any(f.stat().st_mtime >= since for f in folder.glob("**/*.parquet")) if folder.exists() else False
+def _written_since(folder: Path | Location, since: float) -> bool:
+    return any(mtime >= since for _, mtime in Location.of(folder).files())
 
 
 #: Seconds between the progress lines of a headless run (papermill, a job); 0 turns them off.
@@ -338,7 +339,7 @@ def _progress_line(minutes: float, rows: int, total: int | None, recent: float, 
 
 
 @contextmanager
-def heartbeat(folder: Path, every_s: float, *, total: int | None = None, stream=None) -> Iterator[None]:
+def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = None, stream=None) -> Iterator[None]:
     """While the code inside runs, write a progress line every ``every_s`` seconds: rows written to
     ``folder`` in this run (result files' footers, each read once), the rate over the last interval
     and, with a known ``total`` (``LIMIT``), the time left at that rate.
@@ -350,10 +351,11 @@ def heartbeat(folder: Path, every_s: float, *, total: int | None = None, stream=
         yield
         return
     stream = stream or sys.__stderr__
-    counted: dict[Path, int] = {}
+    counted: dict[Location, int] = {}
+    folder = Location.of(folder)
 
     def written() -> int:
-        for f in folder.glob("**/*.parquet") if folder.exists() else ():
+        for f, _ in folder.files():
             if f not in counted:
                 try:
                     counted[f] = parquet_rows(f)
@@ -404,7 +406,7 @@ class _NoResultsInTime(KeyboardInterrupt):
 
 
 @contextmanager
-def first_results_within(folder: Path, seconds: float | None) -> Iterator[None]:
+def first_results_within(folder: Path | Location, seconds: float | None) -> Iterator[None]:
     """Stop the code inside (with a ``TimeoutError``) if no result file appears in ``folder``
     within ``seconds``: engine replicas that cannot start (too few GPUs on a cluster, an engine stuck
     in its start) would otherwise keep a run waiting forever. The first file comes after the engine
@@ -466,7 +468,8 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     ``TimeoutError`` instead of waiting forever (:func:`first_results_within`).
     """
     stage_cpus = session.stage_cpus
-    engine.check_every_node_sees(out.root)  # several nodes: each must see OUTPUT_DIR, or rows are lost
+    if not out.where.remote:  # a bucket is one place for every node; a local path may not be
+        engine.check_every_node_sees(out.root)  # several nodes: each must see OUTPUT_DIR, or rows are lost
     started = time.perf_counter()
     if limit and out.rows_done:
         ds = ds.limit(max(limit - out.rows_done, 0))
@@ -484,9 +487,9 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
         written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
-    parts = {f: pd.read_parquet(f) for f in sorted((out.parts(RESULTS)).glob("**/*.parquet"))}
+    parts = {f: f.read_parquet() for f, _ in out.parts(RESULTS).files()}
     answered, errors = collect(out.root, answered_name, pd.concat(parts.values()) if parts else pd.DataFrame())
-    steady, steady_basis = steady_state([(f.stat().st_mtime, len(parts[f])) for f in written.files], seconds)
+    steady, steady_basis = steady_state([(written.written_at[f], len(parts[f])) for f in written.files], seconds)
     now = pd.concat([parts[f] for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
     now = now[now[STAGE] == ""]
     throughput = Throughput(written.rows, seconds, steady, steady_basis, answered_rows=len(now),

@@ -78,7 +78,10 @@ def filesystem(path: str):
 
     parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region)
+    # Seconds, not minutes, to learn that a store does not answer (a wrong endpoint, a stopped server).
+    return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region,
+                           connect_timeout=5, request_timeout=60,
+                           retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=3))
 
 
 def resolve(path: str, fs=None):

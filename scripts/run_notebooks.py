@@ -68,27 +68,39 @@ def execute(notebook: Path, executed: Path, parameters: dict[str, object], cwd: 
     )
 
 
-def run(name: str, out_root: Path, overrides: dict[str, object], cwd: Path | None = None) -> Path:
+def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path | None = None) -> Path | str:
     """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder.
 
+    ``out_root`` may be a bucket URI (``s3://bucket/runs``): the notebook then writes its results
+    there, and the executed notebook and its HTML are copied there when it ends (also when it failed).
     The notebook runs in ``cwd`` (default: the current directory), so a relative ``INPUT_PATH`` is
     relative to where you ran the command. The HTML report is rendered even when the notebook
     failed (it shows where and why), but a rendering error never hides the notebook's own outcome:
     it is printed, and the run's result (or the notebook's error) stands.
     """
     from helpers import outputs, storage
+    from helpers.location import Location
 
-    out = outputs.claim_output_dir(out_root / name)  # refuses a folder that is not the kit's
+    target = Location.of(out_root) / name
+    if target.remote:
+        outputs.claim_location(target)  # reachable, writable, and the kit's: before the kernel starts
+        out = outputs.staging_folder(target / "report")
+    else:
+        out = outputs.claim_output_dir(target.uri)  # refuses a folder that is not the kit's
     executed = out / f"{name}.ipynb"
-    parameters = {"OUTPUT_DIR": str(out), **overrides}
+    parameters = {"OUTPUT_DIR": target.uri, **overrides}
     print(f"[{name}] running with {storage.redact_all(parameters)}", flush=True)
     try:
         execute(NOTEBOOKS[name], executed, parameters, cwd=cwd or Path.cwd())
     finally:
         redact_notebook(executed, parameters)
         render_report(executed, out / f"{name}.html")
-    print(f"[{name}] done: open {out / (name + '.html')}", flush=True)
-    return out
+        if target.remote:
+            for report in (executed, out / f"{name}.html"):
+                if report.is_file():
+                    (target / report.name).upload(report)
+    print(f"[{name}] done: open {target / (name + '.html')}", flush=True)
+    return target.uri if target.remote else out
 
 
 def redact_notebook(executed: Path, parameters: dict[str, object]) -> None:
@@ -128,14 +140,15 @@ def render_report(executed: Path, html_path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "results"), help="output root (default: results/)")
+    parser.add_argument("--out", default=str(REPO / "results"),
+                        help="output root: a folder, or a bucket URI such as s3://bucket/runs (default: results/)")
     parser.add_argument("--only", action="append", choices=sorted(NOTEBOOKS), help="run only this notebook")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="override a parameter (a Python literal, else a string)")
     args = parser.parse_args(argv)
     overrides = {name: parse_value(value) for name, value in args.p}
     for name in args.only or sorted(NOTEBOOKS):
-        run(name, Path(args.out), overrides)
+        run(name, args.out, overrides)
     return 0
 
 

@@ -180,7 +180,7 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
     settings = {"model": "m"}
     out = tmp_path / "o"
     run = outputs.prepare_output_dir(str(out), resume=True, settings=settings)
-    parts, checkpoint = run.parts("results"), run.checkpoint("results")
+    parts, checkpoint = Path(run.parts("results").path), Path(run.checkpoint("results").path)
     parts.mkdir(parents=True)
     checkpoint.mkdir(parents=True)
     # Rows 0-9: written and committed. Rows 10-14: written, checkpoint still pending (the kill).
