@@ -243,7 +243,8 @@ def check_every_node_sees(folder, timeout_s: float = 120) -> int:
             f"OUTPUT_DIR={str(folder)!r} is a folder that {len(blind)} of the Ray cluster's {len(nodes)} nodes do not "
             f"see: {names}. Ray Data writes each block's results on the node that holds it, so those nodes' results, "
             "and the checkpoints that resuming needs, would land on their own disks and be missing here. Point "
-            "OUTPUT_DIR at a folder every node mounts (a shared file system: NFS, /mnt/cluster_storage on Anyscale).")
+            "OUTPUT_DIR at a bucket (s3://bucket/run, gs://...; AWS_ENDPOINT_URL for S3-compatible stores) or at a "
+            "folder every node mounts (a shared file system: NFS, /mnt/cluster_storage on Anyscale).")
     return len(nodes)
 
 

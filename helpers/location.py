@@ -135,27 +135,30 @@ class Location:
         pafs.copy_files(str(local), self.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
 
 
-def check_writable(location: Location, what: str = "OUTPUT_DIR") -> None:
+def check_reachable(location: Location, what: str = "OUTPUT_DIR") -> list[str]:
     """Fail within seconds, naming the path, if ``location`` in object storage cannot be used: a
-    bucket that does not exist, a store that does not answer, credentials it refuses. Writes and
-    removes a small probe file, so a read-only bucket is caught before any result is written."""
-    if not location.remote:
-        return
+    bucket that does not exist, a store that does not answer, credentials it refuses. Reads only
+    (the bucket, then a listing of the folder); returns the names the folder holds."""
     from pyarrow import fs as pafs
 
     bucket = location.path.split("/", 1)[0]
-    shown = storage.redact(location.uri)
     try:
         if location.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
-            raise OutputLocationError(f"{what}={shown!r}: the bucket {bucket!r} does not exist (or these credentials "
-                                      "cannot see it); create it, or choose one you can write to")
-        probe = location / ".llm-batch-kit-probe"
-        probe.write_text("probe")
-        probe.remove()
+            raise OutputLocationError(f"{what}={str(location)!r}: the bucket {bucket!r} does not exist (or these "
+                                      "credentials cannot see it); create it, or choose one you can write to")
+        return location.children()
     except OutputLocationError:
         raise
     except OSError as exc:
-        raise OutputLocationError(f"{what}={shown!r} cannot be used: {_first_line(exc)}") from exc
+        raise OutputLocationError(f"{what}={str(location)!r} cannot be used: {_first_line(exc)}") from exc
+
+
+def write_or_explain(location: Location, text: str, what: str = "OUTPUT_DIR") -> None:
+    """Write ``text`` to the file ``location``; a store that refuses says so, naming the path."""
+    try:
+        location.write_text(text)
+    except OSError as exc:
+        raise OutputLocationError(f"{what}={str(location)!r} is not writable: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers.location import Location, check_writable
+from helpers.location import Location, check_reachable, write_or_explain
 
 PARTS = "parts"
 CHECKPOINT = "checkpoint"
@@ -283,18 +283,18 @@ def staging_folder(location: Location) -> Path:
 
 def claim_location(location: Location) -> None:
     """:func:`claim_output_dir` for a folder in object storage: check that it can be used
-    (:func:`helpers.location.check_writable`, within seconds), refuse one that holds files the kit
+    (:func:`helpers.location.check_reachable`, within seconds), refuse one that holds files the kit
     did not write, and mark it as the kit's."""
-    check_writable(location)
-    if not (location / MARKER).is_file() and not _kit_run_file(location / RUN_FILE):
-        others = [n for n in location.children() if not n.endswith(".ipynb")]
+    names = check_reachable(location)
+    if MARKER not in names and not _kit_run_file(location / RUN_FILE):
+        others = [n for n in names if not n.endswith(".ipynb")]
         if others:
             shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
             raise NotTheKitsFolderError(
                 f"OUTPUT_DIR={str(location)!r} is not empty and was not written by this kit (it holds {shown}). A run "
                 "replaces its own earlier results there, by name, so it needs a folder of its own: choose a new "
                 "or empty one.")
-    (location / MARKER).write_text(MARKER_TEXT)
+    write_or_explain(location / MARKER, MARKER_TEXT)  # also the first write: a read-only store stops here
 
 
 def read_parts(folder: Path | Location) -> pd.DataFrame:

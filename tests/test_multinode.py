@@ -104,5 +104,66 @@ def test_a_folder_one_node_does_not_see_stops_the_run_before_rows_are_lost(two_n
     assert found["nodes"] == 2
     assert found["shared"] == 2  # every node read the driver's marker back
     assert "1 of the Ray cluster's 2 nodes do not see" in found["private"], found
-    assert "a folder every node mounts" in found["private"]
+    assert "a folder every node mounts" in found["private"] and "a bucket (s3://" in found["private"]
     assert not list(private.glob(".node-check-*")) and not list(shared.glob(".node-check-*"))  # markers removed
+
+
+def run_notebook(env: dict, out: str, params: dict, wait: bool = True):
+    """The text notebook through the kit's runner, as a user runs it against the cluster (RAY_ADDRESS)."""
+    from test_resume import REPO
+
+    cmd = [sys.executable, str(REPO / "scripts" / "run_notebooks.py"), "--only", "text_classification", "--out", out]
+    for name, value in params.items():
+        cmd += ["-p", name, repr(value)]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.mark.slow
+def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates_nothing_across_a_kill(
+        s3, two_nodes, tmp_path):
+    """The issue's run, on a real two-node cluster: the text notebook with a local OUTPUT_DIR the
+    worker node cannot see stops with the message; with OUTPUT_DIR in a bucket (moto's S3 server,
+    reached from both nodes), a run SIGKILLed part-way and run again accounts for every row once."""
+    import pandas as pd
+
+    from conftest import BUCKET
+    from helpers import report
+    from test_resume import committed_ids, kill_when_checkpointed
+
+    gcs, env, node_disk = two_nodes
+    env = {**env, "RAY_ADDRESS": gcs, "LLM_KIT_CELL_TIMEOUT": "900"}
+    local = run_notebook(env, str(node_disk / "results"), {"LIMIT": 20, "PRESET": "text-cpu-offline"})
+    assert local.returncode != 0
+    assert "do not see" in local.stdout + local.stderr and "a bucket" in local.stdout + local.stderr
+
+    limit = 120
+    cpu = {"PRESET": "text-cpu-offline", "LIMIT": limit}  # "auto" never falls back to CPUs on a cluster
+    slow = {**cpu, "NUM_BLOCKS": 30, "BATCH_SIZE": 4, "MAX_CONCURRENT_BATCHES": 1}
+    root = f"s3://{BUCKET}/two-nodes"
+    checkpoint = f"{root}/text_classification/checkpoint/results"
+    kill_when_checkpointed(run_notebook(env, root, slow, wait=False), checkpoint)
+    done_before = committed_ids(checkpoint)
+    assert 0 < len(done_before) < limit
+
+    resumed = run_notebook(env, root, {**cpu, "NUM_BLOCKS": 8})
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    folder = "two-nodes/text_classification/"
+
+    def read(name):
+        return s3.get_object(Bucket=BUCKET, Key=folder + name)["Body"].read()
+
+    summary = json.loads(read("summary.json"))
+    assert summary["run"].startswith("resuming an interrupted run")
+    assert summary["rows read"] == limit and summary["all rows accounted for"]
+    assert summary["rows written in this run"] == summary[report.ENTERED_NOW] == limit - len(done_before)
+    import io
+
+    predictions, errors = (pd.read_parquet(io.BytesIO(read(n))) for n in ("predictions.parquet", "errors.parquet"))
+    ids = pd.concat([predictions["Customer Id"], errors["Customer Id"]])
+    assert ids.is_unique and len(ids) == limit and done_before <= set(ids)
+    listed = {o["Key"][len(folder):] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=folder)["Contents"]}
+    assert {"text_classification.html", "text_classification.ipynb", "label_counts.png", "run.json"} <= listed
+    assert not committed_ids(checkpoint)  # a finished run deletes its checkpoints

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import REPO, load_script
-from helpers import report
+from helpers import outputs, report
 
 
 def start(notebook: str, root: Path, params: dict) -> subprocess.Popen:
@@ -27,12 +27,13 @@ def start(notebook: str, root: Path, params: dict) -> subprocess.Popen:
     return subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def committed_ids(checkpoint: Path) -> set:
-    files = [f for f in checkpoint.glob("*.parquet") if not f.name.endswith(".pending.parquet")]
-    return set(pd.concat([pd.read_parquet(f) for f in files]).iloc[:, 0]) if files else set()
+def committed_ids(checkpoint) -> set:
+    """Ids in the committed checkpoint files of ``checkpoint`` (a local folder or a bucket URI)."""
+    files = outputs.committed_checkpoints(checkpoint)
+    return set(pd.concat([f.read_parquet() for f in files]).iloc[:, 0]) if files else set()
 
 
-def kill_when_checkpointed(proc: subprocess.Popen, checkpoint: Path, timeout: float = 600) -> None:
+def kill_when_checkpointed(proc: subprocess.Popen, checkpoint, timeout: float = 600) -> None:
     """SIGKILL the run and everything it started (kernel, Ray, engine) once a block is committed."""
     deadline = time.monotonic() + timeout
     while not committed_ids(checkpoint):

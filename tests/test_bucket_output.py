@@ -1,0 +1,122 @@
+"""OUTPUT_DIR in a bucket: Ray's parts and checkpoints, run.json and the published tables, charts and
+reports all land there, on a real S3-protocol server (moto on 127.0.0.1, ``AWS_ENDPOINT_URL``).
+
+The multi-node runs that write to the bucket from two nodes, and resume there after a kill, are in
+``test_multinode.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import BUCKET, load_script
+from helpers import outputs
+from helpers.location import Location, OutputLocationError
+
+
+def keys(s3, prefix: str) -> set[str]:
+    found = s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix):] for o in found}
+
+
+def test_a_location_in_a_bucket_reads_writes_lists_and_removes(s3):
+    folder = Location.of(f"s3://{BUCKET}/loc/")
+    assert folder.remote and folder.uri == f"s3://{BUCKET}/loc" and str(folder) == folder.uri
+    (folder / "a" / "x.parquet").write_bytes(pd.DataFrame({"id": [1, 2]}).to_parquet())
+    (folder / "b.txt").write_text("hello")
+    assert (folder / "b.txt").read_text() == "hello" and (folder / "b.txt").is_file()
+    assert folder.children() == ["a", "b.txt"]
+    [(part, modified)] = folder.files()
+    assert part == folder / "a" / "x.parquet" and part.parquet_rows() == 2 and abs(modified - time.time()) < 120
+    assert outputs.read_parts(folder)["id"].tolist() == [1, 2]
+    folder.remove()
+    assert not folder.exists() and keys(s3, "loc/") == set() and folder.children() == []
+    with pytest.raises(OutputLocationError, match="web address"):
+        Location.of("https://example.com/results")
+
+
+def test_a_run_in_a_bucket_claims_the_folder_resumes_from_its_checkpoints_and_publishes(s3, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"s3://{BUCKET}/runs/text"
+    run = outputs.prepare_output_dir(uri, resume=True, settings={"model": "m"})
+    assert run.location == Location.of(uri) and run.where.remote and run.message == "starting fresh"
+    assert run.root.is_dir() and not (tmp_path / "s3:").exists()  # nothing lands in a folder called "s3:"
+    assert {outputs.MARKER, outputs.RUN_FILE} <= keys(s3, "runs/text/")
+    assert json.loads(s3.get_object(Bucket=BUCKET, Key="runs/text/run.json")["Body"].read())["settings"] == {"model": "m"}
+    # An interrupted run: a part and its committed checkpoint, and one write killed before its commit.
+    (run.parts("results") / "a.parquet").write_bytes(pd.DataFrame({"id": ["1", "2"]}).to_parquet())
+    (run.checkpoint("results") / "a.parquet").write_bytes(pd.DataFrame({"id": ["1", "2"]}).to_parquet())
+    (run.checkpoint("results") / "b.pending.parquet").write_bytes(pd.DataFrame({"id": ["3"]}).to_parquet())
+    resumed = outputs.prepare_output_dir(uri, resume=True, settings={"model": "m"})
+    assert resumed.message.startswith("resuming") and resumed.rows_done == 2
+    (resumed.root / "summary.json").write_text("{}")
+    (resumed.root / "label_counts.png").write_bytes(b"png")
+    message = resumed.publish()
+    assert message.startswith(f"results in {uri}: 2 files") and {"summary.json", "label_counts.png"} <= keys(s3, "runs/text/")
+    fresh = outputs.prepare_output_dir(uri, resume=True, settings={"model": "other"})
+    assert fresh.message == "an interrupted run used other settings: starting fresh"
+    assert not any(k.startswith(("parts/", "checkpoint/")) for k in keys(s3, "runs/text/"))
+    assert "summary.json" not in keys(s3, "runs/text/")  # an earlier run's derived files never pass for this run's
+    s3.put_object(Bucket=BUCKET, Key="runs/training/model.ckpt", Body=b"weights")
+    with pytest.raises(outputs.NotTheKitsFolderError, match="model.ckpt"):
+        outputs.prepare_output_dir(f"s3://{BUCKET}/runs/training")
+    assert keys(s3, "runs/training/") == {"model.ckpt"}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_bucket_that_cannot_be_used_fails_in_seconds_with_one_message_naming_it(s3, monkeypatch):
+    def refused(uri: str, match: str) -> str:
+        started = time.monotonic()
+        with pytest.raises(OutputLocationError, match=match) as caught:
+            outputs.prepare_output_dir(uri, resume=True, settings={})
+        assert time.monotonic() - started < 20
+        assert f"OUTPUT_DIR={uri!r}" in str(caught.value)
+        return str(caught.value)
+
+    refused("s3://no-such-bucket/run", "the bucket 'no-such-bucket' does not exist")
+    with monkeypatch.context() as m:
+        m.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{closed_port()}")  # nothing answers there
+        refused(f"s3://{BUCKET}/unreachable", "cannot be used: .*Could not connect")
+    import moto.settings
+
+    with monkeypatch.context() as m:  # moto checks credentials: the test's key is no IAM user's
+        m.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+        text = refused(f"s3://{BUCKET}/denied", "cannot be used: .*ACCESS_DENIED")
+        assert "kit-test-secret" not in text
+    assert keys(s3, "unreachable/") == set() and keys(s3, "denied/") == set()  # nothing half-written
+
+
+def test_the_runner_writes_the_report_to_the_bucket_too(s3, tmp_path, monkeypatch):
+    """``--out s3://...``: the executed notebook and its HTML are copied next to the results."""
+    import nbformat
+
+    runner = load_script("run_notebooks")
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    params = nbformat.v4.new_code_cell("OUTPUT_DIR = None")
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "from helpers import outputs\n"
+        "out = outputs.prepare_output_dir(OUTPUT_DIR, settings={})\n"
+        "(out.root / 'summary.json').write_text('{\"rows read\": 0}')\n"
+        "print(out.publish())")]
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tmp_path / "tiny.ipynb")
+    monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_text("<html></html>") or True)
+    where = runner.run("tiny", f"s3://{BUCKET}/reports", {}, cwd=tmp_path)
+    assert where == f"s3://{BUCKET}/reports/tiny"
+    assert {"tiny.ipynb", "tiny.html", "summary.json", outputs.RUN_FILE, outputs.MARKER} <= keys(s3, "reports/tiny/")
+    executed = nbformat.reads(s3.get_object(Bucket=BUCKET, Key="reports/tiny/tiny.ipynb")["Body"].read().decode(), 4)
+    assert f"results in s3://{BUCKET}/reports/tiny: 1 files" in executed.cells[-1].outputs[0].text
+    assert not (tmp_path / "s3:").exists()
