@@ -69,8 +69,11 @@ def is_remote(path: str) -> bool:
 def filesystem(path: str):
     """The pyarrow filesystem to read ``path`` with, or ``None`` to let Ray choose (the default).
 
-    Only S3 paths with ``AWS_ENDPOINT_URL`` set get one: an S3 filesystem pointed at that endpoint.
+    S3 paths with ``AWS_ENDPOINT_URL`` set get an S3 filesystem pointed at that endpoint; ``hf://``
+    paths get the Hugging Face Hub's (:func:`hub_filesystem`).
     """
+    if scheme(path) == "hf":
+        return hub_filesystem()
     endpoint = os.environ.get(ENDPOINT_VARIABLE)
     if scheme(path) != "s3" or not endpoint:
         return None
@@ -82,6 +85,38 @@ def filesystem(path: str):
     return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region,
                            connect_timeout=5, request_timeout=60,
                            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=3))
+
+
+def hub_filesystem():
+    """The Hugging Face Hub as a pyarrow filesystem: ``huggingface_hub.HfFileSystem`` wrapped with
+    pyarrow's ``FSSpecHandler``, as Ray Data's docs show, so that listing and Ray's parallel reads
+    go through it (``hf://datasets/ORG/NAME[@revision]/folder``). It reads ``HF_TOKEN`` and
+    ``HF_ENDPOINT`` from each process's environment: the token is never passed, printed or stored."""
+    from huggingface_hub import HfFileSystem
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    # A fresh instance: fsspec would hand back a cached one, with the Hub's earlier answers (a
+    # repository not found before HF_TOKEN was set) and the token it was made with.
+    return PyFileSystem(FSSpecHandler(HfFileSystem(skip_instance_cache=True)))
+
+
+class HubPathError(FileNotFoundError):
+    """An ``hf://`` path the Hub cannot serve: no such repository (or a private one without a
+    token), no such revision, or nothing at that path."""
+
+
+def _hub_problem(path: str, exc: BaseException) -> HubPathError:
+    text = str(exc)
+    if "repository not found" in text:
+        why = ("no such dataset repository on the Hub, or a private or gated one: set HF_TOKEN in the environment "
+               "(of the cluster, too) to a token that can read it")
+    elif "revision not found" in text:
+        why = "the repository has no such revision (a branch, tag or commit after '@')"
+    elif "invalid repository id" in text:
+        why = "not a repository id: write hf://datasets/ORG/NAME[@revision][/folder]"
+    else:
+        why = f"nothing there ({type(exc).__name__}: {text[:200]})"
+    return HubPathError(f"INPUT_PATH={redact(path)!r}: {why}")
 
 
 def resolve(path: str, fs=None):
@@ -105,9 +140,22 @@ def list_files(path: str, fs=None) -> list[str]:
         return [path]
     from pyarrow import fs as pafs
 
+    if scheme(path) == "hf":
+        from huggingface_hub import HfFileSystem, constants
+
+        if constants.HF_HUB_OFFLINE:
+            raise HubPathError(f"INPUT_PATH={redact(path)!r} is on the Hugging Face Hub, but HF_HUB_OFFLINE is set "
+                               "(`make job` sets it for the offline models): unset it to read from the Hub")
+        try:  # the Hub's own answer first: pyarrow's wrapper turns every refusal into "not found"
+            HfFileSystem(skip_instance_cache=True).resolve_path(path)
+        except (FileNotFoundError, ValueError, NotImplementedError) as exc:
+            raise _hub_problem(path, exc) from exc
+        fs = fs or hub_filesystem()
     fs, where = resolve(path, fs)
     info = fs.get_file_info(where)
     if info.type == pafs.FileType.NotFound:
+        if scheme(path) == "hf":
+            raise _hub_problem(path, FileNotFoundError("nothing at that path in the repository"))
         raise FileNotFoundError(f"nothing at {path!r}")
     if info.type == pafs.FileType.File:
         return [path]

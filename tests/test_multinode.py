@@ -55,12 +55,12 @@ def two_nodes(tmp_path):
     env.pop("RAY_ADDRESS", None)
     try:
         head = subprocess.run(
-            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "1",
+            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "2",
              "--temp-dir", temp_dir, "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
             env=env, capture_output=True, text=True, timeout=180)
         assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
-        worker_start = " ".join([RAY, "start", "--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+        worker_start = " ".join([RAY, "start", "--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
                                  "--disable-usage-stats", *_node_ports()])
         worker = subprocess.run(
             ["unshare", "-m", "--propagation", "private", "sh", "-c",

@@ -1,0 +1,147 @@
+"""Data on the Hugging Face Hub, read as Ray's tutorials read it: ``INPUT_PATH="hf://datasets/..."``.
+
+Nothing here can reach the Hub, so a stand-in answers on 127.0.0.1 (``tests/hub_server.py``, through
+``HF_ENDPOINT``) the calls ``huggingface_hub.HfFileSystem`` makes to list and read a repository; any
+other call fails the tests. The notebooks run through the kit's runner in processes of their own,
+so that ``HF_ENDPOINT`` and ``HF_TOKEN`` reach the kernel and Ray's workers as they would a user's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from helpers import image_data
+from hub_server import HubServer, Repo
+
+TOKEN = "hf_kit_private_token_0123"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """The stand-in Hub with a BLIP3o-style repository (two webdataset shards whose keys repeat, as
+    each shard numbers its own samples; broken images among them) and a private one with a CSV."""
+    root = tmp_path_factory.mktemp("hub")
+    files = image_data.sample_files()
+    names = sorted(files)
+    for shard, chunk in enumerate((names[:12], names[12:])):
+        image_data.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
+                                    root / "blip" / "data" / f"shard-{shard:03d}.tar", caption="a caption")
+    (root / "csv").mkdir()
+    shutil.copy(REPO / "helpers" / "sample_data" / "customers.csv", root / "csv" / "customers.csv")
+    server = HubServer({"kit/blip3o-style": Repo({"main": root / "blip"}),
+                        "kit/customers": Repo({"main": root / "csv"}, private_token=TOKEN)})
+    url = server.start()
+    yield server, url, root
+    server.stop()
+
+
+def hub_env(url: str, token: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN", "RAY_ADDRESS")}
+    env["HF_ENDPOINT"] = url
+    if token:
+        env["HF_TOKEN"] = token
+    return env
+
+
+LIST = """
+import json, sys, time
+from helpers import image_data, storage
+found = {}
+for path in sys.argv[1:]:
+    started = time.monotonic()
+    try:
+        files = storage.list_files(path)
+        found[path] = {"files": files, "format": image_data.detect_format(path, storage.filesystem(path))}
+    except Exception as exc:
+        found[path] = {"error": f"{type(exc).__name__}: {exc}"}
+    found[path]["seconds"] = time.monotonic() - started
+print(json.dumps(found))
+"""
+
+
+def listed(url: str, *paths: str, token: str | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-c", LIST, *paths], env=hub_env(url, token), capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_hub_paths_are_listed_and_bad_ones_get_one_clear_message_each_within_seconds(hub):
+    server, url, _ = hub
+    repo = "hf://datasets/kit/blip3o-style"
+    found = listed(url, repo, f"{repo}@main/data", "hf://datasets/kit/customers", "hf://datasets/kit/no-such-repo",
+                   f"{repo}@no-such-revision", f"{repo}/no-such-folder")
+    assert found[repo]["files"] == [f"{repo}/data/shard-000.tar", f"{repo}/data/shard-001.tar"]
+    assert found[repo]["format"] == "webdataset" and len(found[f"{repo}@main/data"]["files"]) == 2
+    assert "a private or gated one: set HF_TOKEN" in found["hf://datasets/kit/customers"]["error"]
+    assert "no such dataset repository" in found["hf://datasets/kit/no-such-repo"]["error"]
+    assert "no such revision" in found[f"{repo}@no-such-revision"]["error"]
+    assert "nothing there" in found[f"{repo}/no-such-folder"]["error"]
+    assert all(entry["seconds"] < 10 for entry in found.values())
+    private = listed(url, "hf://datasets/kit/customers", token=TOKEN)["hf://datasets/kit/customers"]
+    assert private["files"] == ["hf://datasets/kit/customers/customers.csv"]
+    assert not server.unexpected and {"repo_info", "list_repo_tree"} <= server.calls
+
+
+def run(notebook: str, out: Path, params: dict, env: dict) -> dict:
+    cmd = [sys.executable, str(REPO / "scripts" / "run_notebooks.py"), "--only", notebook, "--out", str(out)]
+    for name, value in params.items():
+        cmd += ["-p", name, repr(value)]
+    done = subprocess.run(cmd, env={**env, "LLM_KIT_CELL_TIMEOUT": "900"}, capture_output=True, text=True,
+                          timeout=1500, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads((out / notebook / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_captioning_reads_webdataset_shards_from_the_hub_as_from_a_folder(hub, tmp_path):
+    server, url, root = hub
+    env = hub_env(url)
+    from_hub = run("vlm_captioning", tmp_path / "hub", {"INPUT_PATH": "hf://datasets/kit/blip3o-style"}, env)
+    local = run("vlm_captioning", tmp_path / "local", {"INPUT_PATH": str(root / "blip")}, env)
+    for summary in (from_hub, local):
+        assert summary["images read"] == 24 and summary["all images accounted for"]
+    assert {k: from_hub[k] for k in ("captioned", "rejected before the model", "engine errors")} == \
+           {k: local[k] for k in ("captioned", "rejected before the model", "engine errors")}
+
+    def table(out, name, columns):
+        frame = pd.read_parquet(out / "vlm_captioning" / name)
+        return sorted(map(tuple, frame[columns].astype(str).values.tolist()))
+
+    # Ids are the shard's path within INPUT_PATH plus the key: the same wherever the shards live,
+    # and distinct although each shard numbers its samples from 000000.
+    assert table(tmp_path / "hub", "captions.parquet", ["source"]) == table(tmp_path / "local", "captions.parquet", ["source"])
+    assert table(tmp_path / "hub", "errors.parquet", ["source", "reason"]) == \
+           table(tmp_path / "local", "errors.parquet", ["source", "reason"])
+    assert not server.unexpected and "resolve" in server.calls
+
+
+@pytest.mark.slow
+def test_text_reads_a_csv_from_a_private_hub_repository_with_a_token_it_never_writes(hub, tmp_path):
+    server, url, root = hub
+    params = {"LIMIT": 40}
+    from_hub = run("text_classification", tmp_path / "hub",
+                   {**params, "INPUT_PATH": "hf://datasets/kit/customers/customers.csv"}, hub_env(url, TOKEN))
+    local = run("text_classification", tmp_path / "local", {**params, "INPUT_PATH": str(root / "csv" / "customers.csv")},
+                hub_env(url))
+    assert from_hub["rows read"] == local["rows read"] == 40 and from_hub["all rows accounted for"]
+    hub_rows = pd.read_parquet(tmp_path / "hub" / "text_classification" / "predictions.parquet").set_index("Customer Id")
+    local_rows = pd.read_parquet(tmp_path / "local" / "text_classification" / "predictions.parquet").set_index("Customer Id")
+    assert sorted(hub_rows.index) == sorted(local_rows.index)
+    # Greedy answers may differ between two correct CPU runs (batch-dependent numerics): compare rates.
+    agreement = (hub_rows["predicted_label"] == local_rows.loc[hub_rows.index, "predicted_label"]).mean()
+    assert agreement >= 0.8, agreement
+    for written in (tmp_path / "hub" / "text_classification").iterdir():
+        if written.is_file():
+            assert TOKEN.encode() not in written.read_bytes(), written.name  # never in run.json, the report, ...
+    assert not server.unexpected
