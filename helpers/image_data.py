@@ -16,8 +16,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import posixpath
 import tarfile
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -112,7 +114,8 @@ def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, 
         fn, kwargs = _from_webdataset, {"image_column": image_column}
     elif input_format == "parquet":
         ds = ray.data.read_parquet(path, include_paths=True, **common)
-        fn, kwargs = _from_parquet, {"image_column": image_column, "id_column": id_column}
+        fn, kwargs = _from_parquet, {"image_column": image_column, "id_column": id_column, "root": path,
+                                     "filesystem": filesystem}
     else:
         ds = ray.data.read_binary_files(path, include_paths=True, **common)
         fn, kwargs = _from_files, {}
@@ -148,8 +151,10 @@ def _first_value(row: dict[str, Any], spec: str) -> tuple[Any, str]:
         by_case.setdefault(str(name).lower(), []).append(name)
     for field in image_fields(spec):
         for name in by_case.get(field.lower(), []):
-            if _present(row[name]) and not (isinstance(row[name], dict) and not _present(row[name].get("bytes"))):
-                return row[name], name
+            value = row[name]
+            if _present(value) and not (isinstance(value, dict) and not _present(value.get("bytes"))
+                                        and not _present(value.get("path"))):
+                return value, name
     return None, ""
 
 
@@ -158,12 +163,17 @@ def _present(value: Any) -> bool:
     return value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value))
 
 
-def image_value(value: Any, field: str) -> tuple[bytes, str]:
+def image_value(value: Any, field: str, read_path: Callable[[str], tuple[bytes, str]] | None = None) -> tuple[bytes, str]:
     """The image bytes in one row's ``field`` and a reason if there are none: ``(bytes, "")`` when
     usable, ``(b"", reason)`` for a missing value, a null, or a value that is not bytes. Accepts
-    plain bytes and the Hugging Face ``{"bytes": ..., "path": ...}`` struct."""
+    plain bytes and the Hugging Face ``{"bytes": ..., "path": ...}`` struct, both ways it comes:
+    the bytes embedded (as on the Hub), or ``bytes`` null and a ``path`` to the image file (as
+    ``datasets`` writes a local dataset), read with ``read_path``."""
     if isinstance(value, dict):
+        path = value.get("path")
         value = value.get("bytes")
+        if not _present(value) and _present(path) and path and read_path is not None:
+            return read_path(str(path))
     if not _present(value):
         return b"", f"no {field!r} value in this row"
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -173,20 +183,37 @@ def image_value(value: Any, field: str) -> tuple[bytes, str]:
     return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
 
 
-def _values(batch: pd.DataFrame, spec: str) -> list[tuple[bytes, str]]:
+def _values(batch: pd.DataFrame, spec: str, readers: Sequence[Callable[[str], tuple[bytes, str]] | None] | None = None,
+            ) -> list[tuple[bytes, str]]:
     """:func:`image_value` for every row of ``batch``: its first field of ``spec`` that holds a value
-    (a batch without any of them: all missing)."""
+    (a batch without any of them: all missing); ``readers``, one per row, read a struct's ``path``."""
+    readers = readers if readers is not None else [None] * len(batch)
     fields = image_fields(spec)
     if len(fields) == 1 and fields[0] in batch:  # the common case, without a per-row search
-        return [image_value(v, spec) for v in batch[fields[0]]]
+        return [image_value(v, spec, r) for v, r in zip(batch[fields[0]], readers)]
     wanted = {f.lower() for f in fields}
     columns = [c for c in batch.columns if str(c).lower() in wanted]
     rows = batch[columns].to_dict("records") if columns else [{}] * len(batch)
     out = []
-    for row in rows:
+    for row, reader in zip(rows, readers):
         value, name = _first_value(row, spec)
-        out.append(image_value(value, spec) if name == "" else image_value(value, name))
+        out.append(image_value(value, spec, reader) if name == "" else image_value(value, name, reader))
     return out
+
+
+def _path_reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, str]]:
+    """Reads an image file a parquet row names by ``path``: relative to that parquet file's folder,
+    or absolute, on the parquet file's filesystem; a file that cannot be read is the row's reason."""
+
+    def read(image_path: str) -> tuple[bytes, str]:
+        where = image_path if image_path.startswith("/") else posixpath.join(posixpath.dirname(parquet_file), image_path)
+        try:
+            with filesystem.open_input_stream(where) as f:
+                return f.read(), ""
+        except Exception as exc:  # one row's problem: its reason, never the run's
+            return b"", f"the image file {image_path!r} this row names could not be read ({type(exc).__name__})"
+
+    return read
 
 
 def _frame(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
@@ -202,8 +229,12 @@ def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
     return _frame(ids, sources, pairs).assign(**{SAMPLE_ID: ids})
 
 
-def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:
-    pairs = _values(batch, image_column)
+def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None, root: str = "",
+                  filesystem=None) -> pd.DataFrame:
+    from helpers import storage
+
+    fs = storage.resolve(root, filesystem)[0] if root else None
+    pairs = _values(batch, image_column, [_path_reader(str(p), fs) for p in batch["path"]] if fs else None)
     if id_column:
         ids = batch[id_column].astype(str).tolist()
     else:  # content hash: stable across runs whatever the order rows arrive in

@@ -103,7 +103,9 @@ def test_image_field_alternatives_in_webdatasets_notation():
     row = {"__key__": "k", "json": b"{}", "PNG": b"png-bytes", "jpg": None, "webp": b"w"}
     assert image_data._first_value(row, "jpg;png;webp") == (b"png-bytes", "PNG")  # case-insensitive, in order
     assert image_data._first_value(row, "gif") == (None, "")
-    assert image_data._first_value({"image": {"bytes": None, "path": "x"}, "png": b"p"}, "image;png") == (b"p", "png")
+    assert image_data._first_value({"image": {"bytes": None, "path": None}, "png": b"p"}, "image;png") == (b"p", "png")
+    by_path = {"bytes": None, "path": "x.png"}  # datasets' local layout: the image is at the path
+    assert image_data._first_value({"image": by_path, "png": b"p"}, "image;png") == (by_path, "image")
     batch = pd.DataFrame([{"jpg": b"j"}, {"png": b"p"}, {"json": b"{}"}, {"JPEG": b"J"}])
     assert image_data._values(batch, image_data.ANY_IMAGE) == [
         (b"j", ""), (b"p", ""), (b"", f"no {image_data.ANY_IMAGE!r} value in this row"), (b"J", "")]
@@ -211,3 +213,26 @@ def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
     # Ray unifies the two files' schemas (the strings may arrive as bytes): either way, a reason.
     assert reasons[:2] == ["", ""] and reasons[2:] in (["no 'jpg' value in this row", "not an image"],
                                                        ["no 'jpg' value in this row", "not image bytes (the 'jpg' value is a str)"])
+
+
+def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_parquet_file(tmp_path):
+    """``{bytes, path}`` with the bytes embedded (the Hub), or bytes null and a path (``datasets``
+    writing a local dataset): read from the path, relative to the parquet file; a path that cannot be
+    read is that row's reason, naming it."""
+    files = image_data.sample_files()
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "moon.jpg").write_bytes(files["moon"])
+    (tmp_path / "abs.jpg").write_bytes(files["coins"])
+    batch = pd.DataFrame({
+        "image": [{"bytes": files["astronaut"], "path": "astronaut.jpg"},
+                  {"bytes": None, "path": "images/moon.jpg"},
+                  {"bytes": None, "path": str(tmp_path / "abs.jpg")},
+                  {"bytes": None, "path": "images/missing.jpg"},
+                  {"bytes": None, "path": None}],
+        "path": [str(tmp_path / "train-00000.parquet")] * 5,
+    })
+    out = image_data._from_parquet(batch, "image", None, root=str(tmp_path))
+    assert out[image_data.IMAGE_BYTES].tolist()[:3] == [files["astronaut"], files["moon"], files["coins"]]
+    assert out[REJECT_REASON].tolist()[:3] == ["", "", ""]
+    assert out[REJECT_REASON][3] == "the image file 'images/missing.jpg' this row names could not be read (FileNotFoundError)"
+    assert out[REJECT_REASON][4] == "no 'image' value in this row"
