@@ -182,19 +182,25 @@ def claim_output_dir(path: str | Path) -> Path:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"OUTPUT_DIR={str(path)!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / MARKER).is_file() and not _kit_run_file(out / RUN_FILE):
-        others = sorted(p.name for p in out.iterdir() if p.suffix != ".ipynb")
-        if others:
-            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-            raise NotTheKitsFolderError(
-                f"OUTPUT_DIR={str(path)!r} is not empty and was not written by this kit (it holds {shown}). A run "
-                "replaces its own earlier results there, by name, so it needs a folder of its own: choose a new "
-                "or empty folder.")
+    names = [p.name for p in out.iterdir()]
+    _refuse_if_not_the_kits(str(path), names, MARKER in names or _kit_run_file(out / RUN_FILE))
     try:
         (out / MARKER).write_text(MARKER_TEXT)
     except OSError as exc:
         raise PermissionError(f"OUTPUT_DIR={str(path)!r} is not writable: {exc}") from exc
     return out
+
+
+def _refuse_if_not_the_kits(shown: str, names: list[str], kits: bool) -> None:
+    """Raise :class:`NotTheKitsFolderError` for a folder holding ``names`` that is not ``kits``
+    (executed notebooks aside: papermill writes its output before the notebook runs)."""
+    others = sorted(n for n in names if not n.endswith(".ipynb"))
+    if kits or not others:
+        return
+    listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+    raise NotTheKitsFolderError(
+        f"OUTPUT_DIR={shown!r} is not empty and was not written by this kit (it holds {listed}). A run replaces its "
+        "own earlier results there, by name, so it needs a folder of its own: choose a new or empty one.")
 
 
 def _kit_run_file(path: Path | Location) -> bool:
@@ -286,14 +292,8 @@ def claim_location(location: Location) -> None:
     (:func:`helpers.location.check_reachable`, within seconds), refuse one that holds files the kit
     did not write, and mark it as the kit's."""
     names = check_reachable(location)
-    if MARKER not in names and not _kit_run_file(location / RUN_FILE):
-        others = [n for n in names if not n.endswith(".ipynb")]
-        if others:
-            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-            raise NotTheKitsFolderError(
-                f"OUTPUT_DIR={str(location)!r} is not empty and was not written by this kit (it holds {shown}). A run "
-                "replaces its own earlier results there, by name, so it needs a folder of its own: choose a new "
-                "or empty one.")
+    _refuse_if_not_the_kits(str(location), names, MARKER in names or (RUN_FILE in names and
+                                                                      _kit_run_file(location / RUN_FILE)))
     write_or_explain(location / MARKER, MARKER_TEXT)  # also the first write: a read-only store stops here
 
 

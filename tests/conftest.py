@@ -40,6 +40,20 @@ def smollm2_path() -> Path:
     return prepare_smollm2()
 
 
+def parameterised_notebook(path: Path, parameters: str, *code: str) -> Path:
+    """Write a small notebook to ``path``: a cell tagged ``parameters`` with ``parameters``, then
+    one code cell per ``code``; for tests of the runner."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cell = nbformat.v4.new_code_cell(parameters)
+    cell.metadata["tags"] = ["parameters"]
+    nb.cells = [cell, *(nbformat.v4.new_code_cell(source) for source in code)]
+    nbformat.write(nb, path)
+    return path
+
+
 BUCKET = "kit-test"
 
 

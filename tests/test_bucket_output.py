@@ -15,7 +15,7 @@ import time
 import pandas as pd
 import pytest
 
-from conftest import BUCKET, load_script
+from conftest import BUCKET, load_script, parameterised_notebook
 from helpers import outputs
 from helpers.location import Location, OutputLocationError
 
@@ -102,17 +102,11 @@ def test_the_runner_writes_the_report_to_the_bucket_too(s3, tmp_path, monkeypatc
     import nbformat
 
     runner = load_script("run_notebooks")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("OUTPUT_DIR = None")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(
-        "from helpers import outputs\n"
-        "out = outputs.prepare_output_dir(OUTPUT_DIR, settings={})\n"
-        "(out.root / 'summary.json').write_text('{\"rows read\": 0}')\n"
-        "print(out.publish())")]
-    nbformat.write(nb, tmp_path / "tiny.ipynb")
-    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tmp_path / "tiny.ipynb")
+    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None", "from helpers import outputs\n"
+                                  "out = outputs.prepare_output_dir(OUTPUT_DIR, settings={})\n"
+                                  "(out.root / 'summary.json').write_text('{\"rows read\": 0}')\n"
+                                  "print(out.publish())")
+    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
     monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_text("<html></html>") or True)
     where = runner.run("tiny", f"s3://{BUCKET}/reports", {}, cwd=tmp_path)
     assert where == f"s3://{BUCKET}/reports/tiny"

@@ -6,7 +6,7 @@ import sys
 import nbformat
 import pytest
 
-from conftest import load_script
+from conftest import load_script, parameterised_notebook
 
 UNPATCHED = '''
 @torch.library.register_fake("torchvision::nms")
@@ -131,12 +131,7 @@ def test_a_report_rendering_error_never_replaces_the_notebooks_outcome(tmp_path,
 
 def test_a_stalled_cell_fails_the_run_within_the_cell_timeout(tmp_path, monkeypatch):
     runner = load_script("run_notebooks")
-    stalled = tmp_path / "stalled.ipynb"
-    parameters = nbformat.v4.new_code_cell("OUTPUT_DIR = None")
-    parameters.metadata["tags"] = ["parameters"]
-    nbformat.write(nbformat.v4.new_notebook(cells=[parameters, nbformat.v4.new_code_cell(
-        "import time\ntime.sleep(600)")], metadata={"kernelspec": {"name": "python3", "language": "python",
-                                                                   "display_name": "Python 3"}}), stalled)
+    stalled = parameterised_notebook(tmp_path / "stalled.ipynb", "OUTPUT_DIR = None", "import time\ntime.sleep(600)")
     monkeypatch.setitem(runner.NOTEBOOKS, "stalled", stalled)
     monkeypatch.setenv(runner.CELL_TIMEOUT_ENV, "3")
     started = time.monotonic()
@@ -149,15 +144,8 @@ def test_the_runner_keeps_the_kernel_off_the_network_and_the_log_quiet(tmp_path,
     """Kernels run on local sockets: no TCP port, and no 'running over TCP without encryption'
     warning in every job's log."""
     runner = load_script("run_notebooks")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    params = nbformat.v4.new_code_cell("X = 1")
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell(
-        "import json, ipykernel.connect\n"
-        "print(json.loads(ipykernel.connect.get_connection_info())['transport'], X)")]
-    source = tmp_path / "n.ipynb"
-    nbformat.write(nb, source)
+    source = parameterised_notebook(tmp_path / "n.ipynb", "X = 1", "import json, ipykernel.connect\n"
+                                    "print(json.loads(ipykernel.connect.get_connection_info())['transport'], X)")
     runner.execute(source, tmp_path / "out.ipynb", {"X": 2}, cwd=tmp_path)
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
     assert out.cells[-1].outputs[0].text == "ipc 2\n"
