@@ -14,7 +14,12 @@ Each module has one job and no side effects at import:
 - ``image_data``: image datasets (webdataset, parquet, folders), the sample set, per-batch preparation.
 - ``caption``: captioning prompts, the context budget and post-processing.
 - ``presets``: named run configurations (CPU offline, the GPU runs of Ray's tutorials, bigger and multi-GPU).
+- ``shapes``: model shapes (weights, KV-cache bytes per token) from a checkpoint, a preset's model or the hub.
 - ``checks``: the throughput guide's rules as checks with numbers.
+- ``storage``: paths and filesystems: buckets, S3-compatible endpoints, the Hugging Face Hub (``hf://``), redaction.
+- ``location``: a folder on the local disk or in object storage, for the output folder.
+- ``sizing``: how many rows the whole input holds, for projecting a full run from a first one.
+- ``pipeline``: the run itself: start Ray, guard your functions, write, heartbeat, throughput.
 """
 
 __version__ = "0.1.0"
