@@ -141,7 +141,7 @@ class Written:
     rows: int
     rows_before: int
     files: list[Location]
-    written_at: dict[Location, float] = field(default_factory=dict)  # each file's modification time
+    written_at: dict[Location, float] = field(default_factory=dict)  # every result file now: when it was written
 
 
 def has_checkpoint(folder: Path | Location) -> bool:

@@ -487,7 +487,7 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
         written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
-    parts = {f: f.read_parquet() for f, _ in out.parts(RESULTS).files()}
+    parts = {f: f.read_parquet() for f in sorted(written.written_at)}  # every result file, as the write listed them
     answered, errors = collect(out.root, answered_name, pd.concat(parts.values()) if parts else pd.DataFrame())
     steady, steady_basis = steady_state([(written.written_at[f], len(parts[f])) for f in written.files], seconds)
     now = pd.concat([parts[f] for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])

@@ -124,6 +124,8 @@ def resolve(path: str, fs=None):
     (:func:`filesystem`), else the one pyarrow infers from the URI."""
     from pyarrow import fs as pafs
 
+    if fs is None and scheme(path) == "hf":  # pyarrow has no hf:// scheme of its own
+        fs = hub_filesystem()
     if fs is None:
         return pafs.FileSystem.from_uri(path if scheme(path) else os.path.abspath(path))
     return fs, path.split("://", 1)[1] if "://" in path else path

@@ -236,3 +236,28 @@ def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_
     assert out[REJECT_REASON].tolist()[:3] == ["", "", ""]
     assert out[REJECT_REASON][3] == "the image file 'images/missing.jpg' this row names could not be read (FileNotFoundError)"
     assert out[REJECT_REASON][4] == "no 'image' value in this row"
+
+
+@pytest.mark.slow
+def test_a_datasets_dataset_gives_the_rows_that_reading_the_same_shards_gives(local_ray, tmp_path):
+    """Ray's captioning tutorial loads its shards with ``datasets``; ``from_datasets`` turns such a
+    dataset into the same rows, ids and rejects as ``read_images`` on the files (broken images too:
+    ``datasets`` does not decode them, the kit does, later)."""
+    import datasets
+
+    files = image_data.sample_files()
+    names = sorted(files)
+    shards = tmp_path / "shards"
+    for shard, chunk in enumerate((names[:12], names[12:])):  # keys repeat across shards, as in BLIP3o
+        image_data.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
+                                    shards / f"shard-{shard:03d}.tar", caption="a caption")
+    loaded = datasets.load_dataset("webdataset", data_files={"train": sorted(map(str, shards.glob("*.tar")))},
+                                   split="train", cache_dir=str(tmp_path / "cache"))
+    via_datasets = image_data.from_datasets(loaded, root=str(shards)).take_all()
+    via_files = image_data.read_images(str(shards), "webdataset").take_all()
+
+    def rows(found):
+        return sorted((r[ROW_ID], r[image_data.SOURCE], r[REJECT_REASON], r[image_data.IMAGE_BYTES]) for r in found)
+
+    assert len(via_files) == 24 and rows(via_datasets) == rows(via_files)
+    assert {r[image_data.SAMPLE_ID] for r in via_datasets} == {r[image_data.SAMPLE_ID] for r in via_files}
