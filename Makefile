@@ -23,7 +23,7 @@ export HF_HUB_OFFLINE := 1
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PINS := torch==2.13.0+cpu
 
-.PHONY: job test setup
+.PHONY: job test test-extended setup
 
 setup: $(STAMP)
 
@@ -65,3 +65,7 @@ job: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The long end-to-end runs CI leaves out to stay within its hour (see README, "Tests").
+test-extended: $(STAMP)
+	$(BIN)/python -m pytest -m extended

@@ -82,6 +82,7 @@ def test_pipeline_benchmark_refuses_a_parameter_no_notebook_has(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # raw vLLM and the kit, end to end: outside CI's hour, in make test-extended
 def test_pipeline_benchmark_runs_end_to_end_at_a_tiny_size(capsys, tmp_path):
     bench = load_script("bench_pipeline", folder="benchmarks")
     status = bench.main(["--rows", "40", "--images", "3", "--workdir", str(tmp_path)])

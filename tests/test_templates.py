@@ -100,6 +100,7 @@ def run_project_tests(project, *args: str, timeout: int = 1800) -> subprocess.Co
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # ~5 min each: outside CI's hour, in make test-extended
 @pytest.mark.parametrize("use_case, at_least", [("text_classification", 20), ("vlm_captioning", 20)])
 def test_a_project_passes_its_whole_suite_exactly_as_generated(new_project, tmp_path, use_case, at_least):
     """The generated project's full suite, untouched: the kit's unit tests for its helpers, its notebook
