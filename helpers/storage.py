@@ -152,8 +152,7 @@ def list_files(path: str, fs=None) -> list[str]:
             HfFileSystem(skip_instance_cache=True).resolve_path(path)
         except (FileNotFoundError, ValueError, NotImplementedError) as exc:
             raise _hub_problem(path, exc) from exc
-        fs = fs or hub_filesystem()
-    fs, where = resolve(path, fs)
+    fs, where = resolve(path, fs)  # hf:// without a filesystem gets the Hub's (resolve)
     info = fs.get_file_info(where)
     if info.type == pafs.FileType.NotFound:
         if scheme(path) == "hf":
