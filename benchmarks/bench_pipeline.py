@@ -39,6 +39,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -86,8 +87,15 @@ def text_input(rows: int, folder: Path) -> Path:
     return path
 
 
-def image_input(images: int, folder: Path) -> Path:
-    """``images`` JPEG photos of 0.3 to 3 megapixels (scaled copies of the bundled sample photos)."""
+#: Photo sizes for the captioning benchmark: "large" 0.3 to 3 megapixels (phone photos), "small"
+#: 0.08 to 0.5 (web-scraped caption datasets such as BLIP3o's are mostly this size).
+PHOTO_SIZES = {"large": [(640, 480), (1024, 768), (1600, 1200), (2048, 1536)],
+               "small": [(320, 240), (480, 360), (640, 480), (800, 600)]}
+
+
+def image_input(images: int, folder: Path, sizes: str = "large") -> Path:
+    """``images`` JPEG photos (scaled copies of the bundled sample photos, :data:`PHOTO_SIZES`): each
+    photo and size is encoded once, and repeated under its own file name."""
     import io
 
     from PIL import Image
@@ -98,10 +106,14 @@ def image_input(images: int, folder: Path) -> Path:
               if name.split(".")[0] in SAMPLE_PHOTOS]
     out = folder / "images"
     out.mkdir(parents=True, exist_ok=True)
-    sizes = [(640, 480), (1024, 768), (1600, 1200), (2048, 1536)]
+    encoded: dict[tuple[int, tuple[int, int]], bytes] = {}
     for i in range(images):
-        photo = photos[i % len(photos)].resize(sizes[i % len(sizes)])
-        photo.save(out / f"img-{i:05d}.jpg", quality=90)
+        key = (i % len(photos), PHOTO_SIZES[sizes][i % len(PHOTO_SIZES[sizes])])
+        if key not in encoded:
+            buffer = io.BytesIO()
+            photos[key[0]].resize(key[1]).save(buffer, format="JPEG", quality=90)
+            encoded[key] = buffer.getvalue()
+        (out / f"img-{i:05d}.jpg").write_bytes(encoded[key])
     return out
 
 
@@ -118,15 +130,16 @@ def raw_text(spec: dict[str, Any]) -> dict[str, Any]:
     messages = [classify.build_messages(str(name), spec["LABELS"], spec["TASK"], spec["USER_TEMPLATE"])
                 for name in frame["Company"]]
     llm = LLM(model=spec["model"], **spec["engine_kwargs"])
-    ready = time.perf_counter()
+    ready, ready_at = time.perf_counter(), time.time()
     sampling = SamplingParams(temperature=spec["TEMPERATURE"], max_tokens=spec["max_tokens"],
                               structured_outputs=StructuredOutputsParams(choice=spec["LABELS"]))
     results = llm.chat(messages, sampling, use_tqdm=False)
-    done = time.perf_counter()
+    done, done_at = time.perf_counter(), time.time()
     ids = frame["Customer Id"].tolist()
     answers = dict(zip(ids, (o.outputs[0].text.strip() for o in results)))
     digests = dict(zip(ids, (outputs.request_digest(o.prompt_token_ids, repr(sampling)) for o in results)))
-    return {"start_s": ready - started, "generate_s": done - ready, "answers": answers, "digests": digests}
+    return {"start_s": ready - started, "generate_s": done - ready, "answers": answers, "digests": digests,
+            "window": [ready_at, done_at], **token_counts(results)}
 
 
 def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +150,7 @@ def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
 
     files = sorted(Path(spec["input"]).iterdir())
     llm = LLM(model=spec["model"], **spec["engine_kwargs"], limit_mm_per_prompt={"image": 1})
-    ready = time.perf_counter()
+    ready, ready_at = time.perf_counter(), time.time()
     # A plain loop prepares the images one by one, then generates.
     messages = [caption.build_messages(spec["SYSTEM_PROMPT"], spec["PROMPT"],
                                        images.prepare_image(f.read_bytes(), max_tokens=spec["IMAGE_TOKENS"]).image)
@@ -146,12 +159,18 @@ def raw_caption(spec: dict[str, Any]) -> dict[str, Any]:
     # "string" content, as Ray's multimodal stage renders it (its default), so both sides send the
     # same prompt tokens; vLLM's automatic choice renders the image part one token longer here.
     results = llm.chat(messages, sampling, use_tqdm=False, chat_template_content_format="string")
-    done = time.perf_counter()
+    done, done_at = time.perf_counter(), time.time()
     # The tiny random model's greedy tokens are mostly special tokens that decode to "", so the
     # generated-token count is compared too.
     answers = {f.name: [o.outputs[0].text.strip(), len(o.outputs[0].token_ids)] for f, o in zip(files, results)}
     digests = {f.name: outputs.request_digest(o.prompt_token_ids, repr(sampling)) for f, o in zip(files, results)}
-    return {"start_s": ready - started, "generate_s": done - ready, "answers": answers, "digests": digests}
+    return {"start_s": ready - started, "generate_s": done - ready, "answers": answers, "digests": digests,
+            "window": [ready_at, done_at], **token_counts(results)}
+
+
+def token_counts(results) -> dict[str, int]:
+    return {"input_tokens": sum(len(o.prompt_token_ids) for o in results),
+            "output_tokens": sum(len(o.outputs[0].token_ids) for o in results)}
 
 
 def run_raw(kind: str, spec: dict[str, Any], workdir: Path,
@@ -164,28 +183,121 @@ def run_raw(kind: str, spec: dict[str, Any], workdir: Path,
     spec_file.write_text(json.dumps(spec))
     # The kit's engine environment (KV cache, log level, tokenizer threads), then the variant's settings.
     env = {**os.environ, **engine.engine_env(spec["KV_CACHE_GIB"]), **(extra_env or {})}
+    log = workdir / f"raw-{kind}-{tag}.log"
     started = time.perf_counter()
-    subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file), str(result_file)], check=True, env=env)
+    with open(log, "w") as sink, GpuSampler() as gpu:  # vLLM's own report (its KV cache) is read from the log
+        done = subprocess.run([sys.executable, __file__, "--raw", kind, str(spec_file), str(result_file)], env=env,
+                              stdout=sink, stderr=subprocess.STDOUT)
     whole = time.perf_counter() - started
+    if done.returncode:
+        raise SystemExit(f"the raw script failed ({done.returncode}); its log ends:\n{log.read_text()[-4000:]}")
     result = json.loads(result_file.read_text())
+    result["kv_cache_tokens"] = kv_cache_tokens([log])
+    result["gpu"] = gpu.busy(*result["window"])
     return Timing(whole, result["start_s"] + result["generate_s"], result["generate_s"]), result
+
+
+# --- what the GPU did, and what vLLM reported --------------------------------------------------
+
+KV_CACHE_LINE = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+
+
+def kv_cache_tokens(logs: list[Path]) -> list[int]:
+    """The KV cache vLLM reported in ``logs`` (one line per engine: "GPU KV cache size: N tokens")."""
+    found = []
+    for log in logs:
+        try:
+            found += [int(m.replace(",", "")) for m in KV_CACHE_LINE.findall(log.read_text(errors="replace"))]
+        except OSError:
+            continue
+    return found
+
+
+def ray_logs() -> list[Path]:
+    """The log files of the newest local Ray session (where the kit's engines wrote)."""
+    folder = Path(tempfile.gettempdir()) / "ray" / "session_latest" / "logs"
+    return sorted(p for p in folder.glob("*") if p.is_file()) if folder.exists() else []
+
+
+class GpuSampler:
+    """``nvidia-smi`` every ``every_s`` seconds in a thread: (time, utilisation %, memory used MiB)."""
+
+    def __init__(self, every_s: float = 0.5):
+        import shutil
+        import threading
+
+        self.every_s, self.samples = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True) if shutil.which("nvidia-smi") else None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
+                rows = [line.split(",") for line in out.stdout.strip().splitlines()]
+                self.samples.append((time.time(), sum(float(r[0]) for r in rows) / len(rows),
+                                     sum(float(r[1]) for r in rows)))
+            except (subprocess.SubprocessError, ValueError, IndexError, ZeroDivisionError):
+                pass
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> "GpuSampler":
+        if self._thread:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def busy(self, start: float, end: float) -> tuple[float, float, int]:
+        """Mean utilisation (%) and peak memory (GiB) between ``start`` and ``end``, and the samples."""
+        inside = [(u, m) for t, u, m in self.samples if start <= t <= end]
+        if not inside:
+            return float("nan"), float("nan"), 0
+        return sum(u for u, _ in inside) / len(inside), max(m for _, m in inside) / 1024, len(inside)
+
+
+def result_window(folder: Path) -> tuple[float, float]:
+    """From the first to the last result file the kit wrote (its steady state's span)."""
+    times = [p.stat().st_mtime for p in (folder / "parts" / "results").glob("*.parquet")]
+    return (min(times), max(times)) if times else (float("nan"), float("nan"))
+
+
+def cell_seconds(executed: Path, top: int = 8) -> list[tuple[float, str]]:
+    """The notebook's slowest cells: (seconds, first line), from papermill's record of each cell."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    timed = []
+    for cell in nb.cells:
+        seconds = (cell.metadata.get("papermill") or {}).get("duration")
+        if cell.cell_type == "code" and seconds is not None:
+            timed.append((float(seconds), cell.source.strip().splitlines()[0][:70] if cell.source.strip() else ""))
+    return sorted(timed, reverse=True)[:top] + [(sum(t for t, _ in timed), "all cells")]
 
 
 # --- the kit: its notebook through papermill ----------------------------------------------------
 
-def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path]:
+def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path, dict[str, Any]]:
     """Run the notebook; its timings: wall time, the pipeline cell's and the steady state's (rows
-    written / rows per second in steady state, from ``summary.json``; NaN where not measured)."""
+    written / rows per second in steady state, from ``summary.json``; NaN where not measured); and
+    what else was seen: GPU use over the results' span, vLLM's KV cache per engine, the slowest cells."""
     known = run_notebooks.defaults(notebook)
     started = time.perf_counter()
-    folder = run_notebooks.run(notebook, workdir / "kit", {k: v for k, v in params.items() if k in known})
+    with GpuSampler() as gpu:
+        folder = run_notebooks.run(notebook, workdir / "kit", {k: v for k, v in params.items() if k in known})
     whole = time.perf_counter() - started
+    seen = {"gpu": gpu.busy(*result_window(folder)), "kv_cache_tokens": kv_cache_tokens(ray_logs()),
+            "cells": cell_seconds(folder / f"{notebook}.ipynb")}
     summary = json.loads((folder / "summary.json").read_text())
     rate = summary["rows/s steady state"]  # null when the run could not measure it ("steady state" says why)
     if rate is None:
         print(f"kit steady state {summary['steady state']}", flush=True)
     steady = float("nan") if rate is None else summary["rows written in this run"] / rate
-    return Timing(whole, float(summary["pipeline seconds"]), steady), folder
+    return Timing(whole, float(summary["pipeline seconds"]), steady), folder, seen
 
 
 @dataclass(frozen=True)
@@ -195,6 +307,7 @@ class Measured:
     kit: Timing
     raw_results: dict[str, dict[str, Any]]  # "default" / "tuned" -> the raw script's result
     kit_folder: Path
+    kit_seen: dict[str, Any]  # GPU use, vLLM's KV cache, the slowest cells (:func:`kit_timing`)
 
 
 def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str, Any], workdir: Path,
@@ -226,8 +339,8 @@ def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str
             print(f"raw side of {kind} kept in {saved}: whole {raw.whole_s:.1f}s, pipeline {raw.pipeline_s:.1f}s, "
                   f"steady state {raw.generate_s:.1f}s; run --side kit with the same arguments next", flush=True)
             return None
-    kit, folder = kit_timing(notebook, kit_params, workdir)
-    return Measured(raw, tuned, kit, results, folder)
+    kit, folder, seen = kit_timing(notebook, kit_params, workdir)
+    return Measured(raw, tuned, kit, results, folder, seen)
 
 
 #: The share of rows whose answers must agree between raw vLLM and the kit (see :func:`agreement`).
@@ -353,41 +466,59 @@ def run_config(task: str, params: dict[str, Any]):
     return presets.from_parameters(task, params, cluster=seen)
 
 
+def model_folder(task: str, params: dict[str, Any]) -> tuple[str, str]:
+    """The folder both sides load (the notebook's ``MODEL_SOURCE``, resolved as the notebook does it)
+    and a name for the report."""
+    from helpers import models
+
+    builder = models.prepare_smollm2 if task == "text" else models.prepare_tiny_vlm
+    folder = models.resolve_model_source(params.get("MODEL_SOURCE") or models.OFFLINE, offline_builder=builder)
+    if models.has_random_weights(folder):
+        return folder, f"{json.loads((Path(folder) / models.RANDOM_WEIGHTS_NOTE).read_text())['model']} shape, random weights"
+    return folder, ("SmolLM2-135M" if task == "text" else "tiny random Qwen2-VL") if folder == str(builder().resolve()) \
+        else Path(folder).name
+
+
 def bench_text(rows: int, workdir: Path, overrides: dict[str, Any], side: str = "both") -> bool:
     from transformers import AutoTokenizer
 
-    from helpers import classify, models, presets
+    from helpers import classify
 
     settings = run_settings("text", overrides)
     params = {**run_notebooks.defaults("text_classification"), **settings}
-    model = models.prepare_smollm2()
+    model, name = model_folder("text", params)
     max_tokens = classify.label_token_budget(AutoTokenizer.from_pretrained(model), params["LABELS"]).max_tokens
     csv = text_input(rows, workdir)
     config = run_config("text", params)
+    # Raw vLLM: one engine with the whole GPU (what a plain script has), else the kit's settings.
+    single = run_config("text", {**params, "REPLICAS_PER_GPU": 1})
     spec = {**{k: params[k] for k in ("LABELS", "TASK", "USER_TEMPLATE", "TEMPERATURE", "KV_CACHE_GIB")},
-            "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": config.engine_kwargs()}
+            "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": single.engine_kwargs()}
     run = measure("text", "text_classification", spec, {**settings, "INPUT_PATH": str(csv)}, workdir, side)
     if run is None:
         return True
     predictions = pd.read_parquet(run.kit_folder / "predictions.parquet")
     kit = {"answers": dict(zip(predictions["Customer Id"], predictions["predicted_label"])),
-           "digests": dict(zip(predictions["Customer Id"], predictions["request_digest"]))}
+           "digests": dict(zip(predictions["Customer Id"], predictions["request_digest"])),
+           **kit_tokens(predictions)}
     ids = pd.read_csv(csv)["Customer Id"].tolist()
-    return report(f"text classification, {rows} prompts (SmolLM2-135M, structured choice)", run, kit, ids)
+    return report(f"text classification, {rows} prompts ({name}, structured choice)", run, kit, ids,
+                  config, single, model)
 
 
-def bench_caption(count: int, workdir: Path, overrides: dict[str, Any], side: str = "both") -> bool:
+def bench_caption(count: int, workdir: Path, overrides: dict[str, Any], side: str = "both",
+                  sizes: str = "large") -> bool:
     from transformers import AutoTokenizer
 
-    from helpers import caption, models, presets
+    from helpers import caption
 
     settings = run_settings("vision", overrides)
     params = {**run_notebooks.defaults("vlm_captioning"), **settings}
-    model = models.prepare_tiny_vlm()
+    model, name = model_folder("vision", params)
     max_len = caption.max_model_len(AutoTokenizer.from_pretrained(model), params["SYSTEM_PROMPT"], params["PROMPT"],
                                     params["IMAGE_TOKENS"], params["MAX_TOKENS"])
-    folder_in = image_input(count, workdir)
-    config = run_config("vision", params).override(max_model_len=max_len)
+    folder_in = image_input(count, workdir, sizes)
+    config = run_config("vision", {**params, "MAX_MODEL_LEN": max_len})  # as the notebook fits it
     spec = {**{k: params[k] for k in ("SYSTEM_PROMPT", "PROMPT", "IMAGE_TOKENS", "MAX_TOKENS", "TEMPERATURE",
                                       "KV_CACHE_GIB")},
             "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}
@@ -397,23 +528,71 @@ def bench_caption(count: int, workdir: Path, overrides: dict[str, Any], side: st
         return True
     captions = pd.read_parquet(run.kit_folder / "captions.parquet")
     kit = {"answers": {row.source: [row.caption, row.num_generated_tokens] for row in captions.itertuples()},
-           "digests": dict(zip(captions["source"], captions["request_digest"]))}
+           "digests": dict(zip(captions["source"], captions["request_digest"])), **kit_tokens(captions)}
     ids = sorted(f.name for f in folder_in.iterdir())
-    return report(f"image captioning, {count} images (tiny random Qwen2-VL, {params['IMAGE_TOKENS']} image tokens)",
-                  run, kit, ids)
+    return report(f"image captioning, {count} images ({name}, {params['IMAGE_TOKENS']} image tokens)",
+                  run, kit, ids, config, config, model)
 
 
-def report(title: str, run: Measured, kit: dict[str, Any], ids: list[str]) -> bool:
-    """Print the timings and, for each raw run, how its results line up with the kit's; True when
-    every :class:`Agreement` check passes."""
+def kit_tokens(answered: pd.DataFrame) -> dict[str, int]:
+    return {"input_tokens": int(answered["num_input_tokens"].sum()),
+            "output_tokens": int(answered["num_generated_tokens"].sum())}
+
+
+def report(title: str, run: Measured, kit: dict[str, Any], ids: list[str], config=None, raw_config=None,
+           model: str | None = None) -> bool:
+    """Print the timings, the settings each side ran with, what the GPU did, tokens per second,
+    vLLM's KV cache beside the kit's estimate, the notebook's slowest cells, and, for each raw
+    run, how its results line up with the kit's; True when every :class:`Agreement` check passes."""
     print(f"\n== {title}")
     print(ratio_table(run.raw, run.tuned, run.kit))
+    raw = run.raw_results["default"]
+    if config is not None:
+        for side, c in (("kit", config), ("raw", raw_config)):
+            print(f"{side} settings: {c.concurrency} engine(s), {c.replicas_per_gpu} per GPU, max_num_seqs {c.max_num_seqs}, "
+                  f"{c.step_tokens} tokens a step" + (f", gpu_memory_utilization {c.memory_share}" if c.accelerator_type
+                                                       else "") + f", max_model_len {c.max_model_len}")
+        for field, why in config.reasons:
+            print(f"  auto: {field}: {why}")
+    for side, timing, tokens in (("raw", run.raw.generate_s, raw), ("kit", run.kit.generate_s, kit)):
+        if "output_tokens" in tokens and timing and not math.isnan(timing):
+            print(f"{side} tokens/s in steady state: {tokens['output_tokens'] / timing:,.0f} generated, "
+                  f"{(tokens['input_tokens'] + tokens['output_tokens']) / timing:,.0f} in all")
+    gpu_lines = [(side, seen["gpu"]) for side, seen in (("raw", raw), ("kit", run.kit_seen)) if seen.get("gpu")]
+    for side, (busy, memory, samples) in gpu_lines:
+        if samples:
+            print(f"{side} GPU busy in steady state: {busy:.0f}% (mean of {samples} nvidia-smi samples), "
+                  f"memory used up to {memory:.1f} GiB")
+    print(kv_report(raw.get("kv_cache_tokens") or [], run.kit_seen.get("kv_cache_tokens") or [], config, raw_config,
+                    model))
+    print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in run.kit_seen.get("cells", [])))
     ok = True
     for tag, result in run.raw_results.items():
         checked = agreement(result, kit, ids)
         ok &= checked.ok
         print(f"raw ({tag} settings) vs kit:" + "".join(f"\n  {line}" for line in checked.lines()))
     return ok
+
+
+def kv_report(raw_tokens: list[int], kit_tokens: list[int], config, raw_config, model: str | None) -> str:
+    """vLLM's KV cache per engine (tokens, from its logs) beside the kit's estimate of it
+    (:func:`helpers.presets.kv_cache_estimate`), for both sides."""
+    from helpers import presets, shapes
+
+    memory = presets.visible_cluster().get("gpu_memory_gib") if config is not None else None
+    shape = shapes.model_shape(model) if model else None
+    parts = []
+    for side, reported, c in (("raw", raw_tokens, raw_config), ("kit", kit_tokens, config)):
+        line = (f"{side}: vLLM reports {', '.join(f'{t:,}' for t in reported)} tokens per engine" if reported
+                else f"{side}: no KV-cache size in vLLM's log")
+        if memory and shape and c is not None and c.accelerator_type:
+            estimate = presets.kv_cache_estimate(shape, memory, c.memory_share, c.tensor_parallel_size)
+            tokens = estimate / shape.kv_bytes_per_token * c.tensor_parallel_size
+            line += f"; the kit estimates {tokens:,.0f} ({estimate / shapes.GIB:.1f} GiB)"
+            if reported:
+                line += f", {min(reported) / tokens:.2f}x to {max(reported) / tokens:.2f}x of it reported"
+        parts.append(line)
+    return "KV cache: " + "; ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -425,6 +604,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", choices=["both", "raw", "kit"], default="both",
                         help="raw: measure raw vLLM only and keep it in --workdir; kit: the kit, against that kept "
                              "raw side (two commands back to back, for machines that limit a command's time)")
+    parser.add_argument("--photos", choices=sorted(PHOTO_SIZES), default="large",
+                        help="photo sizes for captioning: large 0.3-3 MP (default), small 0.08-0.5 MP")
+    parser.add_argument("--warmup", type=int, default=0, metavar="N",
+                        help="first run both sides on N rows (or images), unreported, so that neither side pays "
+                             "a cold machine's start-up (file cache, vLLM's compile cache) alone")
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a notebook parameter for the kit's runs (a Python literal, else a string)")
     args = parser.parse_args(argv)
@@ -441,10 +625,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
         workdir = Path(args.workdir or tmp)
         ok = True
+        if args.warmup:
+            print(f"-- warm-up: both sides on {args.warmup} rows/images; not the measurement", flush=True)
+            if args.task in ("text", "all"):
+                bench_text(args.warmup, workdir / "warmup" / "text", overrides)
+            if args.task in ("caption", "all"):
+                bench_caption(args.warmup, workdir / "warmup" / "caption", overrides, sizes=args.photos)
+            print("-- warm-up done", flush=True)
         if args.task in ("text", "all"):
             ok &= bench_text(args.rows, workdir / "text", overrides, args.side)
         if args.task in ("caption", "all"):
-            ok &= bench_caption(args.images, workdir / "caption", overrides, args.side)
+            ok &= bench_caption(args.images, workdir / "caption", overrides, args.side, args.photos)
     return 0 if ok else 1
 
 

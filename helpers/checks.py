@@ -44,12 +44,12 @@ def memory(preset: Preset, shape: ModelShape, overhead_fraction: float = 0.1) ->
         return [Finding("warning", f"no memory data for GPU type {preset.accelerator_type!r}; "
                                    f"known: {sorted(GPUS)}")]
     shards = preset.tensor_parallel_size * preset.pipeline_parallel_size
-    budget = gpu.memory_gib * GIB * preset.gpu_memory_utilization * (1 - overhead_fraction)
+    budget = gpu.memory_gib * GIB * preset.memory_share * (1 - overhead_fraction)  # this replica's
     weights = shape.parameters * BYTES_PER_WEIGHT.get(preset.quantization, 2.0) / shards
     kv = shape.kv_bytes_per_token * preset.max_num_seqs * preset.max_model_len / shards
     if weights > budget:
         return [Finding("error", f"weights need {weights / GIB:.1f} GiB per GPU but {gpu.name} offers "
-                                 f"{budget / GIB:.1f} GiB (at gpu_memory_utilization={preset.gpu_memory_utilization}, "
+                                 f"{budget / GIB:.1f} GiB (at gpu_memory_utilization={preset.memory_share}, "
                                  f"{overhead_fraction:.0%} kept for activations): use more GPUs per replica "
                                  f"(tensor_parallel_size) or quantization")]
     if weights + kv > budget:

@@ -72,13 +72,18 @@ def enable_token_auth_if_available() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def engine_placement(accelerator_type: str | None, engine_cpus: float = 1.0) -> dict[str, Any]:
+def engine_placement(accelerator_type: str | None, engine_cpus: float = 1.0,
+                     gpus_per_replica: float = 1.0) -> dict[str, Any]:
     """The processor-config fields that place the vLLM engine.
 
-    On a GPU (``accelerator_type`` such as ``"L4"``), Ray's default is right: one GPU bundle per
-    engine. On a CPU, the engine must not ask for a GPU, so it gets a placement group with one
-    CPU bundle and no accelerator.
+    On a GPU (``accelerator_type`` such as ``"L4"``), Ray's default is right for one or more whole
+    GPUs per engine. Replicas that share a GPU (``gpus_per_replica`` below 1) each get a bundle with
+    that share of it: Ray then places that many engines on each GPU. On a CPU, the engine must not
+    ask for a GPU, so it gets a placement group with one CPU bundle and no accelerator.
     """
+    if accelerator_type and gpus_per_replica < 1:
+        return {"accelerator_type": accelerator_type,
+                "placement_group_config": {"bundles": [{"GPU": gpus_per_replica, "CPU": engine_cpus}]}}
     if accelerator_type:
         return {"accelerator_type": accelerator_type}
     return {"accelerator_type": None, "placement_group_config": {"bundles": [{"CPU": engine_cpus}]}}
@@ -253,7 +258,7 @@ class UnschedulableError(RuntimeError):
 
 
 def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
-                      gpus_per_replica: int = 1) -> None:
+                      gpus_per_replica: float = 1) -> None:
     """Fail fast, with numbers, when the engine replicas cannot all be placed on ``cluster``.
 
     Ray does not fail when a request can never be met: the tasks and actors wait. This turns the
@@ -266,10 +271,10 @@ def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_
         problems.append(f"the actors reserve {budget.reserved:g} CPUs and tasks need {budget.task_cpus:g} more, "
                         f"but the cluster has {cpus:g} CPUs")
     if accelerator_type:
-        needed = gpus_per_replica * budget.engine_replicas
+        needed = math.ceil(gpus_per_replica * budget.engine_replicas - 1e-9)
         have = cluster.get("GPU", 0.0)
         if have < needed:
-            problems.append(f"{budget.engine_replicas} engine replicas x {gpus_per_replica} GPU need {needed} GPUs, "
+            problems.append(f"{budget.engine_replicas} engine replicas x {gpus_per_replica:g} GPU need {needed} GPUs, "
                             f"but the cluster has {have:g}")
         elif not any(k == f"accelerator_type:{accelerator_type}" for k in cluster):
             types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))

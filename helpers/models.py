@@ -16,6 +16,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from helpers.shapes import PUBLISHED_CONFIGS, random_weights_of
 
 #: Parameter value that means "use the offline model this kit prepares".
 OFFLINE = "offline"
@@ -126,11 +129,15 @@ def prepare_smollm2(cache: Path | None = None, *, rebuild: bool = False) -> Path
 def resolve_model_source(model_source: str, offline_builder: Callable[[], Path] = prepare_smollm2) -> str:
     """Turn the notebook's ``MODEL_SOURCE`` into what vLLM loads.
 
-    ``"offline"`` prepares the bundled offline model and returns its absolute path; anything else
-    (a Hugging Face model id or a local folder) is returned unchanged.
+    ``"offline"`` prepares the bundled offline model and returns its absolute path;
+    ``"random-weights:MODEL"`` builds MODEL's shape with random weights
+    (:func:`prepare_random_weights`) and returns its folder; anything else (a Hugging Face model id
+    or a local folder) is returned unchanged.
     """
     if model_source == OFFLINE:
         return str(offline_builder().resolve())
+    if random_weights_of(model_source):
+        return str(prepare_random_weights(random_weights_of(model_source)).resolve())
     local = Path(model_source).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
@@ -226,3 +233,86 @@ def prepare_tiny_vlm(cache: Path | None = None, *, rebuild: bool = False) -> Pat
     pipeline (image processor, vision encoder, placeholders, generation) with noise as output.
     """
     return build_once((cache or cache_root()) / TINY_VLM_DIRNAME, _build_tiny_vlm, rebuild=rebuild)
+
+
+RANDOM_WEIGHTS_DIRNAME = "random-weights"
+#: Written into every folder :func:`prepare_random_weights` builds, and checked by :func:`has_random_weights`.
+RANDOM_WEIGHTS_NOTE = "random_weights.json"
+
+
+def has_random_weights(folder: str | Path) -> bool:
+    """True for a folder :func:`prepare_random_weights` built: vLLM must load it with
+    ``load_format="dummy"`` (it has a config and a tokenizer, no weights)."""
+    return (Path(folder) / RANDOM_WEIGHTS_NOTE).is_file()
+
+
+def prepare_random_weights(model: str, cache: Path | None = None, *, shrink: dict[str, Any] | None = None,
+                           rebuild: bool = False) -> Path:
+    """A folder vLLM loads as ``model``'s shape with random weights (``load_format="dummy"``):
+    the published dimensions (:data:`helpers.shapes.PUBLISHED_CONFIGS`) and the offline model's
+    tokenizer (SmolLM2's for text, the tiny VLM's tokenizer and image processor for vision), with
+    ``vocab_size`` and the special-token ids set to that tokenizer's. The weights are random, so
+    answers are noise; memory, step time and the pipeline's costs are the real model's (the
+    smaller vocabulary takes ~0.6B weights off Llama-3.1-8B and ~0.3B off Qwen2.5-VL-3B: the
+    folder's ``random_weights.json`` says so). ``shrink`` replaces dimensions (tests build tiny
+    copies of the same architecture on a CPU). Built once (a few seconds, no weights written)."""
+    if model not in PUBLISHED_CONFIGS:
+        raise ValueError(f"no published shape for {model!r} in the kit; it knows {sorted(PUBLISHED_CONFIGS)}")
+    dims = {**PUBLISHED_CONFIGS[model], **(shrink or {})}
+    name = model.split("/")[-1] + ("-" + "-".join(f"{k}{v}" for k, v in sorted(shrink.items()) if k != "vision_config")
+                                   if shrink else "")
+    target = (cache or cache_root()) / RANDOM_WEIGHTS_DIRNAME / name
+    return build_once(target, lambda out: _build_random_weights(out, model, dims), rebuild=rebuild)
+
+
+def _build_random_weights(out: Path, model: str, dims: dict[str, Any]) -> dict:
+    import transformers
+
+    dims = dict(dims)
+    architecture = dims.pop("architecture")
+    published_vocab = PUBLISHED_CONFIGS[model]["vocab_size"]
+    if architecture == "llama":
+        from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
+
+        source = prepare_smollm2()
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        offline = json.loads((source / "config.json").read_text())
+        config = LlamaConfig(**{**dims, "vocab_size": len(tokenizer)}, bos_token_id=offline.get("bos_token_id"),
+                             eos_token_id=offline.get("eos_token_id"), pad_token_id=offline.get("pad_token_id"))
+        config.architectures = ["LlamaForCausalLM"]
+        config.dtype = "bfloat16"
+        tokenizer.save_pretrained(out)
+        GenerationConfig.from_pretrained(source).save_pretrained(out)
+        tokenizer_from = "SmolLM2-135M-Instruct (the offline text model)"
+    elif architecture == "qwen2_5_vl":
+        from transformers import (AutoProcessor, AutoTokenizer, Qwen2_5_VLConfig, Qwen2_5_VLProcessor,
+                                  Qwen2VLImageProcessor, Qwen2VLVideoProcessor)
+
+        source = prepare_tiny_vlm()
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        image_processor = AutoProcessor.from_pretrained(source).image_processor
+        ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in QWEN2_VL_SPECIAL_TOKENS}
+        vision = dims.pop("vision_config")
+        config = Qwen2_5_VLConfig(
+            text_config={**dims, "vocab_size": len(tokenizer), "eos_token_id": ids["<|im_end|>"],
+                         "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|endoftext|>"]},
+            vision_config=vision, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+            tie_word_embeddings=dims.get("tie_word_embeddings", True))
+        config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+        config.dtype = "bfloat16"
+        processor = Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessor(**image_processor.to_dict()),
+                                        tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor(),
+                                        chat_template=TINY_VLM_CHAT_TEMPLATE)
+        processor.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        tokenizer_from = "the tiny Qwen2-VL's (the offline vision model's tokenizer and image processor)"
+    else:
+        raise ValueError(f"no builder for architecture {architecture!r}")
+    config.save_pretrained(out)
+    note = {"model": model, "weights": "random (vLLM load_format='dummy'): answers are noise",
+            "dimensions": "as published (helpers/shapes.py PUBLISHED_CONFIGS), except vocab_size",
+            "vocab_size": f"{len(tokenizer)}, the tokenizer's, not the published {published_vocab}",
+            "tokenizer": tokenizer_from, "transformers": transformers.__version__}
+    (out / RANDOM_WEIGHTS_NOTE).write_text(json.dumps(note, indent=2))
+    return note

@@ -91,11 +91,14 @@ class RunOutputs:
             (self.location / f.name).upload(f)
         return f"results in {self.location}: {len(copied)} files copied there ({', '.join(f.name for f in copied)})"
 
-    def write(self, ds, name: str, *, id_column: str | None, num_cpus: float) -> "Written":
+    def write(self, ds, name: str, *, id_column: str | None, num_cpus: float,
+              rows_per_file: int | None = None) -> "Written":
         """Write ``ds`` to ``parts/<name>``, resumably when possible; say what was written now.
 
         With ``resume`` on and an ``id_column`` present in the *source* data (Ray's checkpoint
         filter runs right after the read), finished rows are recorded and skipped on a re-run.
+        ``rows_per_file``: Ray gathers blocks until a file has at least that many rows (the last may
+        have fewer); None: a file per block.
         """
         from ray.data.checkpoint import CheckpointConfig
 
@@ -122,7 +125,8 @@ class RunOutputs:
                 # Ray only warns when a plan cannot be checkpointed; a resumable run must not lose that.
                 warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")
                 ds.write_parquet(target.path if fs else target.uri, filesystem=fs,
-                                 mode="append" if resuming else "overwrite", ray_remote_args={"num_cpus": num_cpus})
+                                 mode="append" if resuming else "overwrite", ray_remote_args={"num_cpus": num_cpus},
+                                 min_rows_per_file=rows_per_file)
         finally:
             context.checkpoint_config = None
         listed = target.files()

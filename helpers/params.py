@@ -51,6 +51,9 @@ def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
     for name in ("NUM_BLOCKS", "BATCH_SIZE", "MAX_MODEL_LEN", "MAX_CONCURRENT_BATCHES"):
         if p[name] is not None and not (_is_int(p[name]) and p[name] >= 1):
             problems.append(f"{name} must be a positive integer or None (from PRESET), got {p[name]!r}")
+    if p.get("REPLICAS_PER_GPU") is not None and not (_is_int(p["REPLICAS_PER_GPU"]) and 1 <= p["REPLICAS_PER_GPU"] <= 8):
+        problems.append(f"REPLICAS_PER_GPU must be an integer from 1 to 8 or None (from PRESET), "
+                        f"got {p['REPLICAS_PER_GPU']!r}")
     if p["CONCURRENCY"] is not None and not _concurrency_ok(p["CONCURRENCY"]):
         problems.append(f"CONCURRENCY must be n >= 1, a pair (min, max) with 1 <= min <= max, or None (from PRESET), "
                         f"got {p['CONCURRENCY']!r}")

@@ -10,6 +10,7 @@ once. :func:`finish` then gives every row the same columns and a ``stage`` ("" w
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -76,6 +77,7 @@ class Session:
     stage_cpus: float = 0.1  # Ray CPUs each light stage holds (read, prompts, write)
     startup_timeout_s: float | None = 600  # the first results must be written within this (None: no limit)
     address: str | None = None  # the cluster joined (RAY_ADDRESS, or one running here); None: a local Ray
+    batch_size: int = 0  # rows per engine batch: the rows of each block that enters the engine (0: as read)
 
     def describe(self) -> str:
         where = f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray"
@@ -104,8 +106,10 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     cluster = engine.start_ray(budget, env, verbose=verbose, progress=progress)
     engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
     return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
-                   placement=engine.engine_placement(run_config.accelerator_type), stage_cpus=stage_cpus,
-                   startup_timeout_s=startup_timeout_s, address=address)
+                   placement=engine.engine_placement(run_config.accelerator_type,
+                                                     gpus_per_replica=run_config.gpus_per_replica or 1.0),
+                   stage_cpus=stage_cpus, startup_timeout_s=startup_timeout_s, address=address,
+                   batch_size=run_config.batch_size)
 
 
 def _failure(what: str, exc: BaseException) -> str:
@@ -450,11 +454,34 @@ def first_results_within(folder: Path | Location, seconds: float | None) -> Iter
         signal.signal(signal.SIGINT, previous)
 
 
+#: A run of known size writes about this many result files as its rows come back ...
+RESULT_FILES = 64
+#: ... of at most this many rows each; of unknown size, this many rows each.
+MAX_ROWS_PER_FILE = 10_000
+ROWS_PER_FILE_UNKNOWN = 1_024
+
+
+def rows_per_file(batch_size: int, expected_rows: int | None) -> int:
+    """Rows per result file: a run of ``expected_rows`` writes about :data:`RESULT_FILES` files as it
+    goes (so results stream out, a resume keeps what was written, and the steady state can be
+    measured at a few thousand rows), never fewer rows than a batch and never more than
+    :data:`MAX_ROWS_PER_FILE` (5,000,000 images make 500 files, not 300,000 of one batch each)."""
+    wanted = math.ceil(expected_rows / RESULT_FILES) if expected_rows else ROWS_PER_FILE_UNKNOWN
+    return max(batch_size or 1, min(wanted, MAX_ROWS_PER_FILE))
+
+
 def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
-        outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None) -> RunResult:
+        outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None,
+        expected_rows: int | None = None) -> RunResult:
     """Run ``processor`` over ``ds`` once: every row, answered or not, is written in one pass to
     ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
     ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
+
+    Rows enter the engine in blocks of one batch (``session.batch_size``; Ray's streaming
+    repartition): a read block larger than a batch would make one engine task of several batches,
+    whose rows all come back when the last does (with 2,000 images in 64 blocks, every block ended
+    in the same 4 s). Results are written as they come, :func:`rows_per_file` rows a file, from
+    ``expected_rows`` (the input's size, when known).
 
     ``limit`` is the run's ``LIMIT`` (``ds`` already holds at most that many rows). Resuming, Ray's
     checkpoint filter drops the rows an interrupted run finished right after the read, so a limit
@@ -473,6 +500,8 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     started = time.perf_counter()
     if limit and out.rows_done:
         ds = ds.limit(max(limit - out.rows_done, 0))
+    if session.batch_size:
+        ds = ds.repartition(target_num_rows_per_block=session.batch_size)
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                                fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
@@ -484,7 +513,9 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
               f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=sys.__stderr__, flush=True)
     with first_results_within(out.parts(RESULTS), session.startup_timeout_s), \
             heartbeat(out.parts(RESULTS), beat_s, total=total):
-        written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus)
+        known = min(filter(None, (limit, expected_rows)), default=None)
+        written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
+                            rows_per_file=rows_per_file(session.batch_size, known))
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: f.read_parquet() for f in sorted(written.written_at)}  # every result file, as the write listed them

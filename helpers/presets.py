@@ -53,7 +53,10 @@ class Preset:
     max_num_batched_tokens: int | None = None
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.90
+    #: Engine replicas that share one GPU, each with its share of the memory: where one engine's CPU
+    #: side (scheduling, structured-output masks) cannot keep the GPU busy (short text requests).
+    replicas_per_gpu: int = 1
+    gpu_memory_utilization: float = 0.90  # of the GPU's memory, for all the replicas that share it
     quantization: str | None = None
     enforce_eager: bool = False
     #: Tokenize prompts in a CPU stage of their own (Ray's tokenize stage), off the engine actor's
@@ -74,15 +77,31 @@ class Preset:
         return self.max_num_batched_tokens or offline_engine_defaults(self.accelerator_type, world_size=world_size)[0]
 
     @property
-    def gpus_per_replica(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size if self.accelerator_type else 0
+    def gpus_per_replica(self) -> float:
+        """GPUs one engine replica holds: ``tp x pp``, or a share of one (``1 / replicas_per_gpu``)."""
+        if not self.accelerator_type:
+            return 0
+        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        return world_size if self.replicas_per_gpu == 1 else 1 / self.replicas_per_gpu
 
     @property
     def gpus(self) -> int:
         """GPUs the run holds at most: replicas (the upper bound, if autoscaling) x GPUs per replica."""
+        import math
+
         from helpers.engine import max_replicas
 
-        return max_replicas(self.concurrency) * self.gpus_per_replica
+        return math.ceil(max_replicas(self.concurrency) * self.gpus_per_replica - 1e-9)
+
+    @property
+    def memory_share(self) -> float:
+        """``gpu_memory_utilization`` for one engine: all of it, or its share where replicas share a
+        GPU, less 0.01 each for the CUDA context every engine process holds outside vLLM's budget."""
+        import math
+
+        if self.replicas_per_gpu == 1:
+            return self.gpu_memory_utilization
+        return math.floor(100 * self.gpu_memory_utilization / self.replicas_per_gpu - 1) / 100
 
     def override(self, **changes: Any) -> Preset:
         """A copy with ``changes``; unknown field names fail, listing the valid ones."""
@@ -100,7 +119,7 @@ class Preset:
                                   # per step and request, on the engine actor's one thread.
                                   "disable_log_stats": True}
         if self.accelerator_type:
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = self.memory_share
         if self.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = self.tensor_parallel_size
         if self.pipeline_parallel_size > 1:
@@ -110,7 +129,22 @@ class Preset:
             kwargs["quantization"] = self.quantization
         if self.dtype:
             kwargs["dtype"] = self.dtype
+        if _random_weights(self.model_source):
+            kwargs["load_format"] = "dummy"  # a shape with random weights: no weights to load
         return kwargs
+
+
+def _random_weights(model_source: str | None) -> bool:
+    """A ``random-weights:`` source, or a folder the kit built from one."""
+    from pathlib import Path
+
+    from helpers.shapes import random_weights_of
+
+    if not model_source or model_source == "offline":
+        return False
+    from helpers.models import has_random_weights
+
+    return bool(random_weights_of(model_source)) or has_random_weights(Path(model_source).expanduser())
 
 
 #: Why a preset asks for a step size at all (shown in the settings table).
@@ -235,7 +269,8 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
     return cluster
 
 
-def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Preset:
+def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
+          replicas_per_gpu: int | None = None, max_model_len: int | None = None) -> Preset:
     """The run configuration that fits ``cluster`` (see :func:`select`)."""
     import math
 
@@ -278,21 +313,31 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
             raise AutoPresetError(f"PRESET='auto': {model} needs ~{shape.parameters * 2 / GIB:.0f} GiB of weights, "
                                   f"more than {gpus} x {gpu_type} can hold{assumed}. Name a preset with more GPUs "
                                   f"or quantization (presets: {names(task)[1:]}).")
-    replicas = max(1, gpus // tp)
-    reasons["concurrency"] = (f"{gpus} GPUs / {tp} per replica" if tp > 1 else f"one replica per GPU ({gpus})")
+    length = max_model_len or base.max_model_len  # the run's, when known: the KV cache holds that many tokens a row
+    share, why_share = _replicas_per_gpu(task, shape, budget, tp, length, model)
+    if replicas_per_gpu is not None:  # yours: the replicas and memory below follow it
+        share, why_share = replicas_per_gpu, "your parameter"
+    replicas = max(1, gpus // tp) * share
+    reasons["concurrency"] = (f"{gpus} GPUs / {tp} per replica" if tp > 1 else
+                              f"{share} replicas on each of {gpus} GPUs" if share > 1 else f"one replica per GPU ({gpus})")
+    reasons["replicas_per_gpu"] = why_share
     if tp > 1:
         reasons["tensor_parallel_size"] = f"{model}'s weights do not fit one {gpu_type} with room for a KV cache"
     step_tokens, max_num_seqs = offline_engine_defaults(gpu_type or "", memory)
     reasons["max_num_batched_tokens"] = (f"what vllm.LLM takes per step on a {memory:.0f} GiB {gpu_type or 'GPU'} "
                                          f"({RAY_STEP_TOKENS_NOTE})")
     reasons["max_num_seqs"] = f"what vllm.LLM runs at once on a {memory:.0f} GiB {gpu_type or 'GPU'}"
+    if share > 1:
+        max_num_seqs //= share
+        reasons["max_num_seqs"] = f"{reasons['max_num_seqs']}, shared by its {share} replicas"
     if shape is not None:
-        free = budget - shape.parameters * 2 / tp
-        fits = int(free / (shape.kv_bytes_per_token * base.max_model_len / tp))
+        free = kv_cache_estimate(shape, memory, base.override(replicas_per_gpu=share).memory_share, tp)
+        fits = int(free / (shape.kv_bytes_per_token * length / tp))
         cap = max_num_seqs
         max_num_seqs = max(1, min(cap, 2 ** int(math.log2(max(fits, 1)))))
-        reasons["max_num_seqs"] = (f"{fits} full-length sequences of {base.max_model_len} tokens fit the KV cache; "
-                                   f"capped at {cap}, {reasons['max_num_seqs']}")
+        reasons["max_num_seqs"] = (f"~{free / GIB:.1f} GiB of KV cache per replica (the kit's estimate) holds {fits} "
+                                   f"full-length sequences of {length} tokens; capped at {cap}, "
+                                   f"{reasons['max_num_seqs']}")
     # Ray's engine stage admits 1.1 x max_num_seqs requests at a time: keep twice that many rows queued
     # per replica, so a finished batch's place is already taken when the engine asks for more.
     slots = math.ceil(1.1 * max_num_seqs)
@@ -304,9 +349,53 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None) -> Pr
     reasons["num_blocks"] = f"at least 4 per replica, and the {base.name} preset's {base.num_blocks}"
     return base.override(
         name=f"auto ({gpus}x{gpu_type})", accelerator_type=gpu_type, concurrency=replicas, tensor_parallel_size=tp,
+        replicas_per_gpu=share,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks, limit=None,
         max_concurrent_batches=max(base.max_concurrent_batches, in_flight),
         description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
+
+
+#: Replicas that share a GPU when one engine cannot keep it busy (:func:`_replicas_per_gpu`).
+SHARED_GPU_REPLICAS = 2
+#: Requests this short (prompt + answer tokens) are where one engine's CPU side is the bottleneck.
+SHORT_REQUEST_TOKENS = 1024
+
+
+def kv_cache_estimate(shape: Any, memory_gib: float, memory_share: float, shards: int = 1,
+                      overhead_fraction: float = 0.1) -> float:
+    """Bytes of KV cache one engine gets on a GPU of ``memory_gib``: its share of the memory
+    (``gpu_memory_utilization``), less ``overhead_fraction`` for activations, less its weights
+    (16-bit, split over ``shards`` GPUs). vLLM measures the activations instead; RESULTS.md compares
+    this estimate with the cache vLLM reports."""
+    from helpers.shapes import GIB
+
+    return memory_gib * GIB * memory_share * (1 - overhead_fraction) - shape.parameters * 2 / shards
+
+
+def _replicas_per_gpu(task: str, shape: Any, budget: float, tp: int, max_model_len: int,
+                      model: str) -> tuple[int, str]:
+    """How many engine replicas share each GPU, and why. Two, for short text requests (structured
+    choice: a few answer tokens) of a model whose two copies take at most half the memory: one
+    engine's CPU side (scheduling, structured-output masks, request intake) cannot keep a GPU busy
+    there. On an H100 at the 8B shape, one raw vLLM engine kept it 45-50% busy; two engines on it
+    did 1.53x one (benchmarks/RESULTS.md). Otherwise one: images, long answers, a model that needs
+    the memory, or one of unknown size."""
+    from helpers.shapes import GIB
+
+    if task != "text":
+        return 1, "images: the vision encoder and longer answers keep one engine's GPU busy"
+    if tp > 1:
+        return 1, "the model spans several GPUs (tensor parallelism)"
+    if shape is None:
+        return 1, f"the size of {model} is unknown"
+    weights = shape.parameters * 2
+    if SHARED_GPU_REPLICAS * weights > budget / 2:
+        return 1, f"{SHARED_GPU_REPLICAS} copies of {model}'s weights ({weights / GIB:.0f} GiB each) would leave too little KV cache"
+    if max_model_len > SHORT_REQUEST_TOKENS:
+        return 1, f"requests up to {max_model_len} tokens keep one engine's GPU busy"
+    return SHARED_GPU_REPLICAS, (f"short requests (<= {max_model_len} tokens) leave one engine's CPU side the bottleneck; "
+                                 f"{SHARED_GPU_REPLICAS} copies of the weights ({weights / GIB:.1f} GiB each) fit with "
+                                 f"room for KV cache (H100, 8B: 2 engines 1.5x one)")
 
 
 def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **overrides: Any) -> Preset:
@@ -324,7 +413,8 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     if task not in CPU_PRESET:
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
     if name == "auto":
-        preset = _auto(task, cluster or {}, overrides.get("model_source"))
+        preset = _auto(task, cluster or {}, overrides.get("model_source"), overrides.get("replicas_per_gpu"),
+                       overrides.get("max_model_len"))
     elif name in PRESETS:
         preset = PRESETS[name]
     else:
@@ -387,6 +477,7 @@ def _resolve_tokenize_stage(preset: Preset) -> Preset:
 #: Notebook parameters that default to ``None``, meaning "take this field from PRESET".
 PARAMETER_FIELDS: dict[str, str] = {
     "MODEL_SOURCE": "model_source", "ACCELERATOR_TYPE": "accelerator_type", "CONCURRENCY": "concurrency",
+    "REPLICAS_PER_GPU": "replicas_per_gpu",
     "BATCH_SIZE": "batch_size", "MAX_CONCURRENT_BATCHES": "max_concurrent_batches", "MAX_MODEL_LEN": "max_model_len",
     "NUM_BLOCKS": "num_blocks", "ENFORCE_EAGER": "enforce_eager", "TOKENIZE_STAGE": "tokenize_stage",
 }
@@ -449,7 +540,11 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
         rows.append({"parameter": name, "value": repr(getattr(preset, field)),
                      "from": "your parameter" if chosen else f"preset {preset.name}",
                      "why": "" if chosen else why.get(field, "")})
+    if preset.replicas_per_gpu > 1:
+        why.setdefault("gpu_memory_utilization", f"{preset.gpu_memory_utilization} of the GPU shared by "
+                                                 f"{preset.replicas_per_gpu} replicas, less 0.01 each for its CUDA context")
     engine = {"max_num_seqs": preset.max_num_seqs, "max_num_batched_tokens": preset.step_tokens, "dtype": preset.dtype,
+              "gpu_memory_utilization": preset.memory_share if preset.accelerator_type else None,
               "tensor_parallel_size": preset.tensor_parallel_size,
               "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization}
     for field, value in engine.items():

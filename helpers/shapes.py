@@ -61,8 +61,27 @@ class ModelShape:
                 mlp_total = layers * dense_mlp
             tied = c.get("tie_word_embeddings", config.get("tie_word_embeddings"))
             embeddings = c["vocab_size"] * hidden * (1 if tied else 2)
-            parameters = layers * attention + mlp_total + embeddings
+            parameters = layers * attention + mlp_total + embeddings + _vision_parameters(config, hidden)
         return cls(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+
+
+def _vision_parameters(config: Mapping[str, Any], text_hidden: int) -> float:
+    """An estimate of a vision-language model's image encoder (Qwen2-VL, Qwen2.5-VL and alike):
+    its blocks (attention and MLP, gated where the config gives an ``intermediate_size``), the
+    merger into the text model's width, and the patch embedding; 0 without a ``vision_config``.
+    (Qwen2.5-VL-3B's: ~0.67B of its 3.75B weights.)"""
+    v = config.get("vision_config")
+    if not v:
+        return 0.0
+    width = v.get("embed_dim") or v["hidden_size"]
+    depth = v.get("depth") or v.get("num_hidden_layers") or 0
+    out = v.get("out_hidden_size") or text_hidden
+    gated = "intermediate_size" in v
+    inner = v.get("intermediate_size") or int(width * v.get("mlp_ratio", 4))
+    blocks = depth * (4 * width * width + (3 if gated else 2) * width * inner)
+    merged = v.get("spatial_merge_size", 1) ** 2 * width
+    patch = v.get("in_channels", v.get("in_chans", 3)) * v.get("temporal_patch_size", 1) * v.get("patch_size", 14) ** 2
+    return float(blocks + merged * merged + merged * out + patch * width)
 
 
 def checkpoint_parameters(folder: Path) -> float | None:
@@ -107,11 +126,51 @@ KNOWN_MODELS: dict[str, ModelShape] = {
 }
 
 
+#: A ``MODEL_SOURCE`` that starts with this builds the named model's shape with random weights
+#: (:func:`helpers.models.prepare_random_weights`; vLLM's ``load_format="dummy"``): its memory and
+#: speed, for benchmarks and "will my run fit?" checks, without downloading it. Answers are noise.
+RANDOM_WEIGHTS = "random-weights:"
+
+_LLAMA_31_8B = {  # unsloth/Llama-3.1-8B-Instruct's config.json (the same as meta-llama's), Hugging Face Hub
+    "architecture": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+#: The tutorials' models as published: every dimension that decides memory and speed, copied from
+#: each model's ``config.json`` on the Hugging Face Hub (the source named beside each). Only
+#: ``vocab_size`` changes when the kit builds one with random weights: it takes the offline
+#: tokenizer's (:func:`helpers.models.prepare_random_weights` says so in the folder it builds).
+PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
+    "unsloth/Llama-3.1-8B-Instruct": _LLAMA_31_8B,
+    "meta-llama/Llama-3.1-8B-Instruct": _LLAMA_31_8B,
+    "Qwen/Qwen2.5-VL-3B-Instruct": {  # Qwen/Qwen2.5-VL-3B-Instruct's config.json, Hugging Face Hub
+        "architecture": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 128000,
+        "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+        "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                          "out_hidden_size": 2048, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                          "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2,
+                          "hidden_act": "silu", "in_channels": 3},
+    },
+}
+
+
+def random_weights_of(model_source: str | None) -> str | None:
+    """The model id in a ``random-weights:`` ``MODEL_SOURCE`` (:data:`RANDOM_WEIGHTS`), else ``None``."""
+    if model_source and model_source.startswith(RANDOM_WEIGHTS):
+        return model_source[len(RANDOM_WEIGHTS):]
+    return None
+
+
 def model_shape(model: str) -> ModelShape | None:
     """The shape of ``model``: a local folder's ``config.json`` (its weight count read from the
-    checkpoint's own files), a known preset model, or the hub's config and safetensors headers (a
-    few KB; needs the network). ``None`` when none of these is available: the memory
+    checkpoint's own files), a known preset model (also as ``random-weights:MODEL``), or the hub's
+    config and safetensors headers (a few KB; needs the network). ``None`` when none of these is available: the memory
     check is then skipped."""
+    model = random_weights_of(model) or model  # the same shape, with the published vocabulary (a little more)
     config_file = Path(model) / "config.json"
     if config_file.is_file():
         return ModelShape.from_config(json.loads(config_file.read_text()), checkpoint_parameters(Path(model)))

@@ -1,5 +1,6 @@
 """Benchmarks stay runnable: a tiny run of each, with no timing assertions."""
 
+import os
 import re
 
 import pytest
@@ -61,6 +62,34 @@ def test_pipeline_benchmark_pieces():
     assert "2.00x" in table and "1.75x" in table  # whole run 100/50; tuned pipeline 70/40
     gpu = bench.ratio_table(bench.Timing(100, 80, 60), None, bench.Timing(50, 40, 30))
     assert "raw+CPU" not in gpu and "2.00x" in gpu and gpu.splitlines()[-1].startswith("steady state")
+
+
+def test_pipeline_benchmark_reads_what_vllm_and_the_gpu_reported(tmp_path):
+    import nbformat
+
+    bench = load_script("bench_pipeline", folder="benchmarks")
+    (tmp_path / "a.log").write_text("INFO [kv_cache_utils.py:1087] GPU KV cache size: 455,264 tokens\nother\n")
+    (tmp_path / "b.log").write_text("(EngineCore pid=7) INFO GPU KV cache size: 140,112 tokens\n")
+    assert bench.kv_cache_tokens([tmp_path / "a.log", tmp_path / "b.log", tmp_path / "missing.log"]) == [455264, 140112]
+    sampler = bench.GpuSampler()
+    sampler.samples = [(1.0, 10.0, 1024.0), (2.0, 80.0, 40960.0), (3.0, 90.0, 41984.0), (9.0, 0.0, 0.0)]
+    assert sampler.busy(1.5, 3.5) == (85.0, 41.0, 2)  # mean %, peak GiB, samples inside the window
+    assert sampler.busy(4, 5)[2] == 0
+    parts = tmp_path / "kit" / "parts" / "results"
+    parts.mkdir(parents=True)
+    for i, when in enumerate([100.0, 130.0, 110.0]):
+        (parts / f"{i}.parquet").write_bytes(b"")
+        os.utime(parts / f"{i}.parquet", (when, when))
+    assert bench.result_window(tmp_path / "kit") == (100.0, 130.0)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import ray\nx = 1"),
+                                         nbformat.v4.new_code_cell("result = pipeline.run(...)")])
+    nb.cells[0].metadata["papermill"] = {"duration": 4.5}
+    nb.cells[1].metadata["papermill"] = {"duration": 60.0}
+    nbformat.write(nb, tmp_path / "run.ipynb")
+    assert bench.cell_seconds(tmp_path / "run.ipynb") == [(60.0, "result = pipeline.run(...)"), (4.5, "import ray"),
+                                                          (64.5, "all cells")]
+    assert "raw: vLLM reports 455,264 tokens per engine; kit: no KV-cache size in vLLM's log" in bench.kv_report(
+        [455264], [], None, None, None)
 
 
 def test_pipeline_benchmark_inputs_are_distinct_and_well_formed(tmp_path):
@@ -136,7 +165,7 @@ def test_pipeline_benchmark_splits_raw_and_kit_over_two_commands(tmp_path, monke
 
     def fake_kit(notebook, params, workdir):
         calls.append("kit")
-        return bench.Timing(50.0, 40.0, 30.0), workdir / "kit"
+        return bench.Timing(50.0, 40.0, 30.0), workdir / "kit", {}
 
     monkeypatch.setattr(bench, "run_raw", fake_raw)
     monkeypatch.setattr(bench, "kit_timing", fake_kit)

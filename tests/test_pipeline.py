@@ -267,6 +267,49 @@ def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(tmp_pat
         ray.shutdown()
 
 
+def test_rows_per_file_aims_at_64_files_between_a_batch_and_10000_rows():
+    assert pipeline.rows_per_file(16, 2000) == 32  # 2,000 images: 63 files as they come
+    assert pipeline.rows_per_file(256, 2000) == 256  # never less than a batch
+    assert pipeline.rows_per_file(16, 5_000_000) == 10_000  # 500 files, not 312,500
+    assert pipeline.rows_per_file(256, None) == 1024  # unknown size
+
+
+@pytest.mark.slow
+def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they_come(tmp_path):
+    """Read blocks of 48 rows, batches of 8: without the kit's repartition each engine task would
+    take a whole block and its rows would come back together; with it, a file comes per batch."""
+    import ray
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        ds = ray.data.from_items([{"id": str(i), "text": "x", REJECT_REASON: ""} for i in range(96)],
+                                 override_num_blocks=2)
+        guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
+        answer = pipeline.guard_postprocess(lambda r: {"label": "A", "rows_in_task": r["rows_in_task"]},
+                                            carry=["id"])
+
+        class Engine:  # an engine stage: one batch at a time, 0.3 s each
+            def __call__(self, batch):
+                time.sleep(0.3)
+                return {**batch, "rows_in_task": [len(batch["id"])] * len(batch["id"])}
+
+        def processor(rows):
+            return rows.map(lambda r: {**r, **guarded(r)}).map_batches(
+                Engine, concurrency=1, batch_size=8).map(answer)
+
+        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
+        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                                   stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+        result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": "", "rows_in_task": 0},
+                              id_column=None, answered_name="predictions.parquet", expected_rows=96)
+        assert len(result.answered) == 96 and set(result.answered["rows_in_task"]) == {8}
+        assert len(result.files) == 12  # rows_per_file(8, 96) == 8: a file per batch, as it was answered
+        times = sorted(mtime for _, mtime in out.parts(pipeline.RESULTS).files())
+        assert times[-1] - times[0] > 1.5  # written over the run (12 batches x 0.3 s), not together at the end
+    finally:
+        ray.shutdown()
+
+
 def test_a_run_that_writes_nothing_stops_after_the_startup_timeout(tmp_path):
     folder = tmp_path / "parts"
     started = time.monotonic()

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from helpers import checks, classify, presets, shapes
+from helpers import checks, classify, engine, presets, shapes
 from helpers.presets import PRESETS, Preset
 
 
@@ -194,8 +194,12 @@ def test_auto_fits_one_h100():
     # The bug: any GPU meant the 4 x L4 tutorial preset, which cannot be scheduled on one H100.
     text, vision = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0}), _auto("vision", GPU=1.0, **{"accelerator_type:H100": 1.0})
     for p in (text, vision):
-        assert p.accelerator_type == "H100" and p.concurrency == 1 and p.tensor_parallel_size == 1
-    assert text.max_num_seqs == 1024 and dict(text.reasons)["accelerator_type"] == "detected 1 x H100 (80 GiB each)"
+        assert p.accelerator_type == "H100" and p.tensor_parallel_size == 1 and p.gpus == 1
+    # Short text requests: two engines share the GPU, each with its share of memory and sequences.
+    assert (text.concurrency, text.replicas_per_gpu, text.gpus_per_replica) == (2, 2, 0.5)
+    assert text.engine_kwargs()["gpu_memory_utilization"] == 0.44 and text.max_num_seqs == 512
+    assert (vision.concurrency, vision.replicas_per_gpu, vision.engine_kwargs()["gpu_memory_utilization"]) == (1, 1, 0.9)
+    assert dict(text.reasons)["accelerator_type"] == "detected 1 x H100 (80 GiB each)"
     # What vllm.LLM would take per step there; Ray's engine stage alone gets vLLM's generic 2048.
     assert text.engine_kwargs()["max_num_batched_tokens"] == 16384
     # Rows queued per replica cover twice the engine stage's 1.1 x max_num_seqs request slots.
@@ -205,8 +209,10 @@ def test_auto_fits_one_h100():
 
 def test_auto_on_8_a100s_runs_8_replicas():
     p = _auto("text", GPU=8.0, **{"accelerator_type:A100-80G": 1.0})
-    assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size) == ("A100-80G", 8, 1)
-    assert p.num_blocks >= 4 * 8 and "one replica per GPU (8)" in dict(p.reasons)["concurrency"]
+    assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size, p.gpus) == ("A100-80G", 16, 1, 8)
+    assert p.num_blocks >= 4 * 16 and "2 replicas on each of 8 GPUs" in dict(p.reasons)["concurrency"]
+    one = presets.select("auto", "text", cluster={"GPU": 8.0, "accelerator_type:A100-80G": 1.0}, replicas_per_gpu=1)
+    assert one.concurrency == 8 and "one replica per GPU (8)" in dict(one.reasons)["concurrency"]
 
 
 def test_auto_on_4_l4s_and_2_t4s_uses_tensor_parallelism_only_where_the_model_does_not_fit():
@@ -221,7 +227,7 @@ def test_auto_on_4_l4s_and_2_t4s_uses_tensor_parallelism_only_where_the_model_do
 
 def test_auto_on_an_unknown_gpu_type_uses_measured_memory_or_says_what_to_do():
     p = _auto("text", GPU=2.0, gpu_memory_gib=192.0, **{"accelerator_type:B300": 1.0})
-    assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size) == ("B300", 2, 1)
+    assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size, p.gpus) == ("B300", 4, 1, 2)
     with pytest.raises(presets.AutoPresetError, match="does not know 'B300'"):
         _auto("text", GPU=1.0, **{"accelerator_type:B300": 1.0})
 
@@ -235,7 +241,8 @@ def test_auto_never_falls_back_to_cpus_on_a_remote_cluster_without_gpus_yet():
 def test_auto_sizes_the_offline_model_from_its_folder(smollm2_path):
     p = presets.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:H100": 1.0},
                        model_source=str(smollm2_path))
-    assert p.model_source == str(smollm2_path) and p.concurrency == 1 and p.max_num_seqs == 1024
+    assert p.model_source == str(smollm2_path) and p.concurrency == 2 and p.max_num_seqs == 512  # two share the GPU
+    assert "(0.3 GiB each)" in dict(p.reasons)["replicas_per_gpu"]
 
 
 @pytest.mark.parametrize("device_name, label", [
@@ -384,3 +391,41 @@ def test_a_cpu_without_bfloat16_instructions_runs_the_engine_in_float32(monkeypa
     assert gpu.dtype is None and "dtype" not in gpu.engine_kwargs()  # GPUs: the checkpoint's dtype
     table = {r["parameter"]: r for r in presets.describe(cpu, {})}
     assert table["dtype"]["value"] == "'float32'" and table["dtype"]["why"] == "no bf16 here"
+
+
+def test_replicas_share_a_gpu_only_where_one_engine_cannot_fill_it():
+    h100 = {"GPU": 2.0, "accelerator_type:H100": 1.0}
+    text = _auto("text", **h100)
+    assert (text.concurrency, text.gpus) == (4, 2) and "CPU side" in dict(text.reasons)["replicas_per_gpu"]
+    assert "2 replicas on each of 2 GPUs" in dict(text.reasons)["concurrency"]
+    # Where two copies of the weights would crowd out the KV cache (8B on a 24 GB L4), one engine per GPU.
+    l4 = _auto("text", GPU=4.0, **{"accelerator_type:L4": 1.0})
+    assert (l4.concurrency, l4.replicas_per_gpu) == (4, 1) and "KV cache" in dict(l4.reasons)["replicas_per_gpu"]
+    # Long requests, images, or a model over several GPUs: one.
+    assert presets.select("auto", "text", cluster=h100, max_model_len=4096).replicas_per_gpu == 1
+    assert _auto("vision", **h100).replicas_per_gpu == 1
+    # Your REPLICAS_PER_GPU wins, and the replicas and memory follow it.
+    one = presets.from_parameters("text", {"PRESET": "auto", "REPLICAS_PER_GPU": 1}, cluster=h100)
+    assert (one.concurrency, one.max_num_seqs, one.engine_kwargs()["gpu_memory_utilization"]) == (2, 1024, 0.9)
+    assert dict(one.reasons)["replicas_per_gpu"] == "your parameter"
+    three = presets.from_parameters("text", {"PRESET": "auto", "REPLICAS_PER_GPU": 3}, cluster=h100)
+    assert (three.concurrency, three.gpus, three.engine_kwargs()["gpu_memory_utilization"]) == (6, 2, 0.29)
+    rows = {r["parameter"]: r for r in presets.describe(text, {"REPLICAS_PER_GPU": None})}
+    assert rows["REPLICAS_PER_GPU"]["value"] == "2" and "0.9 of the GPU shared by 2" in rows["gpu_memory_utilization"]["why"]
+
+
+def test_shared_gpus_are_placed_as_fractions_and_checked_against_the_cluster():
+    placement = engine.engine_placement("H100", gpus_per_replica=0.5)
+    assert placement == {"accelerator_type": "H100", "placement_group_config": {"bundles": [{"GPU": 0.5, "CPU": 1.0}]}}
+    assert engine.engine_placement("H100", gpus_per_replica=4) == {"accelerator_type": "H100"}  # tp: Ray's default
+    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=4, stage_cpus=0.1, stage_actors=8)
+    engine.check_schedulable({"CPU": 16, "GPU": 2, "accelerator_type:H100": 1}, budget, "H100", 0.5)  # 4 x 0.5 = 2
+    with pytest.raises(engine.UnschedulableError, match="4 engine replicas x 0.5 GPU need 2 GPUs"):
+        engine.check_schedulable({"CPU": 16, "GPU": 1, "accelerator_type:H100": 1}, budget, "H100", 0.5)
+
+
+def test_the_kv_cache_estimate_is_the_memory_share_less_activations_and_weights():
+    shape = shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]
+    estimate = presets.kv_cache_estimate(shape, 80, 0.9)
+    assert estimate == pytest.approx(80 * shapes.GIB * 0.9 * 0.9 - shape.parameters * 2)
+    assert presets.kv_cache_estimate(shape, 80, 0.44) < estimate / 2

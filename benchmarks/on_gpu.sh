@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU runs recorded in benchmarks/RESULTS.md, one step per call of the lent machine (10 minutes
+# a command; ../shared/gpu/README.md installs the stack first). Each step logs to $OUT/<step>.log.
+#
+#   bash benchmarks/on_gpu.sh prep          # offline models and the two full-size shapes (random weights)
+#   bash benchmarks/on_gpu.sh text8b-raw    # warm-up of both sides, then raw vLLM: 100,000 prompts, 8B shape
+#   bash benchmarks/on_gpu.sh text8b-kit    # the kit against that raw side: auto (2 replicas), then 1 replica
+#   bash benchmarks/on_gpu.sh vl3b-raw      # warm-up, then raw vLLM: 10,000 images, Qwen2.5-VL-3B shape
+#   bash benchmarks/on_gpu.sh vl3b-kit      # the kit against that raw side
+#   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
+set -euo pipefail
+step="$1"
+out="${OUT:-/tmp}"
+work=/root/bench
+llama="random-weights:unsloth/Llama-3.1-8B-Instruct"
+qwen="random-weights:Qwen/Qwen2.5-VL-3B-Instruct"
+bench() { python3 benchmarks/bench_pipeline.py "$@"; }
+set -o pipefail
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  case "$step" in
+    prep) python3 -c "
+from helpers import models
+for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
+               models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'),
+               models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct')):
+    print(folder)" ;;
+    text8b-raw) bench --task text --rows 100000 --workdir $work/8b --side raw --warmup 2000 -p MODEL_SOURCE "$llama" ;;
+    text8b-kit) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama"
+                bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 1 ;;
+    vl3b-raw) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 500 -p MODEL_SOURCE "$qwen" ;;
+    vl3b-kit) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" ;;
+    smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
+    *) echo "unknown step $step"; exit 2 ;;
+  esac
+} 2>&1 | tee "$out/$step.log"
