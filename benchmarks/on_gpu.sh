@@ -8,6 +8,7 @@
 #   bash benchmarks/on_gpu.sh vl3b-raw      # warm-up, then raw vLLM: 10,000 images, Qwen2.5-VL-3B shape
 #   bash benchmarks/on_gpu.sh vl3b-kit      # the kit against that raw side
 #   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
+#   bash benchmarks/on_gpu.sh text8b-3      # three replicas on the GPU, 50,000 prompts, both sides
 set -euo pipefail
 step="$1"
 out="${OUT:-/tmp}"
@@ -31,6 +32,7 @@ for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
     vl3b-raw) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 500 -p MODEL_SOURCE "$qwen" ;;
     vl3b-kit) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
+    text8b-3) bench --task text --rows 50000 --workdir $work/8b3 -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 3 ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log"
