@@ -136,8 +136,8 @@ def resolve_model_source(model_source: str, offline_builder: Callable[[], Path] 
     """
     if model_source == OFFLINE:
         return str(offline_builder().resolve())
-    if random_weights_of(model_source):
-        return str(prepare_random_weights(random_weights_of(model_source)).resolve())
+    if shaped := random_weights_of(model_source):
+        return str(prepare_random_weights(shaped).resolve())
     local = Path(model_source).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():

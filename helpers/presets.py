@@ -138,11 +138,11 @@ def _random_weights(model_source: str | None) -> bool:
     """A ``random-weights:`` source, or a folder the kit built from one."""
     from pathlib import Path
 
+    from helpers.models import OFFLINE, has_random_weights
     from helpers.shapes import random_weights_of
 
-    if not model_source or model_source == "offline":
+    if not model_source or model_source == OFFLINE:
         return False
-    from helpers.models import has_random_weights
 
     return bool(random_weights_of(model_source)) or has_random_weights(Path(model_source).expanduser())
 
