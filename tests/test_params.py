@@ -55,6 +55,9 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
     ("text_classification", "BATCH_SIZE", "64", "BATCH_SIZE must be a positive integer"),
     ("text_classification", "CONCURRENCY", (4, 2), "CONCURRENCY must be"),
     ("text_classification", "CONCURRENCY", True, "CONCURRENCY must be"),
+    ("text_classification", "REPLICAS_PER_GPU", 0, "REPLICAS_PER_GPU must be an integer from 1 to 8"),
+    ("vlm_captioning", "REPLICAS_PER_GPU", 0.5, "REPLICAS_PER_GPU must be an integer from 1 to 8"),
+    ("text_classification", "REPLICAS_PER_GPU", 9, "REPLICAS_PER_GPU must be an integer from 1 to 8"),
     ("text_classification", "PRESET", "text-llama8b-l5", "PRESET must be one of ['auto', 'text-cpu-offline'"),
     ("text_classification", "PRESET", "vision-qwen3b-l4", "PRESET must be one of"),  # the other notebook's
     ("text_classification", "ENFORCE_EAGER", "yes", "ENFORCE_EAGER must be True, False or None"),
