@@ -548,8 +548,12 @@ def report(title: str, run: Measured, kit: dict[str, Any], ids: list[str], confi
     print(ratio_table(run.raw, run.tuned, run.kit))
     raw = run.raw_results["default"]
     if config is not None:
+        from helpers.engine import describe_pool
+
         for side, c in (("kit", config), ("raw", raw_config)):
-            print(f"{side} settings: {c.concurrency} engine(s), {c.replicas_per_gpu} per GPU, max_num_seqs {c.max_num_seqs}, "
+            engines = describe_pool(c.concurrency) if side == "kit" else "one vllm.LLM engine in this process"
+            print(f"{side} settings: {engines}, {c.replicas_per_gpu if side == 'kit' else 1} per GPU, "
+                  f"max_num_seqs {c.max_num_seqs}, "
                   f"{c.step_tokens} tokens a step" + (f", gpu_memory_utilization {c.memory_share}" if c.accelerator_type
                                                        else "") + f", max_model_len {c.max_model_len}")
         for field, why in config.reasons:

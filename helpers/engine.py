@@ -191,9 +191,35 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     return ray.cluster_resources()
 
 
-def concurrency_arg(concurrency: int | list[int] | tuple[int, int]) -> int | tuple[int, int]:
-    """Normalise ``CONCURRENCY`` (papermill and YAML turn tuples into lists) for the processor config."""
+def concurrency_arg(concurrency: int | str | list[int] | tuple[int, int]) -> int | tuple[int, int]:
+    """Normalise ``CONCURRENCY``: papermill and YAML turn a tuple into a list, and papermill's ``-p``
+    passes ``"(2, 2)"`` or ``"[2, 2]"`` as text; each becomes the tuple, a number stays a number.
+    Text that is neither is returned as it is (the parameter checks name it)."""
+    if isinstance(concurrency, str):
+        import ast
+
+        try:
+            concurrency = ast.literal_eval(concurrency.strip())
+        except (ValueError, SyntaxError):
+            return concurrency  # type: ignore[return-value]
     return tuple(concurrency) if isinstance(concurrency, (list, tuple)) else concurrency  # type: ignore[return-value]
+
+
+def actor_pool(concurrency: int | list[int] | tuple[int, int]) -> tuple[int, int]:
+    """``concurrency`` as Ray Data LLM should get it: ``(n, n)``, a fixed pool of ``n`` engine replicas,
+    for a number ``n``; a ``(min, max)`` pair as it is (an autoscaling pool). Ray 2.60's processor
+    turns a bare ``n`` into an autoscaling pool of 1 to ``n`` (``ProcessorConfig.get_concurrency``):
+    on an H100, "2 replicas" then ran as one for two thirds of a run (benchmarks/RESULTS.md)."""
+    value = concurrency_arg(concurrency)
+    return value if isinstance(value, tuple) else (int(value), int(value))  # type: ignore[return-value]
+
+
+def describe_pool(concurrency: int | list[int] | tuple[int, int]) -> str:
+    """What Ray runs for ``concurrency``, in words, for the settings table."""
+    low, high = actor_pool(concurrency)
+    if low == high:
+        return f"Ray gets ({low}, {high}): a fixed pool of {high} replica{'s' if high > 1 else ''}, all started at once"
+    return f"Ray gets ({low}, {high}): an autoscaling pool from {low} to {high} replicas"
 
 
 def max_replicas(concurrency: int | list[int] | tuple[int, int]) -> int:

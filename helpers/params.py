@@ -19,6 +19,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _concurrency_ok(value: Any) -> bool:
+    from helpers.engine import concurrency_arg
+
+    value = concurrency_arg(value)  # "(2, 2)" and "[2, 2]" from papermill's -p, [2, 2] from YAML
     if _is_int(value):
         return value >= 1
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):

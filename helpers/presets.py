@@ -94,6 +94,14 @@ class Preset:
         return math.ceil(max_replicas(self.concurrency) * self.gpus_per_replica - 1e-9)
 
     @property
+    def actor_pool(self) -> tuple[int, int]:
+        """The processor's ``concurrency``: ``(n, n)``, a fixed pool of the ``n`` replicas planned, or
+        your ``(min, max)`` pair (:func:`helpers.engine.actor_pool`; Ray reads a bare ``n`` as 1..n)."""
+        from helpers.engine import actor_pool
+
+        return actor_pool(self.concurrency)
+
+    @property
     def memory_share(self) -> float:
         """``gpu_memory_utilization`` for one engine: all of it, or its share where replicas share a
         GPU, less 0.01 each for the CUDA context every engine process holds outside vLLM's budget."""
@@ -528,10 +536,15 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
 
 def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per preset-backed setting: its value, whether it came from the preset or a parameter,
-    and (for ``PRESET="auto"``) why that value was chosen."""
+    and (for ``PRESET="auto"``) why that value was chosen; the replicas row always says the pool Ray
+    runs (fixed, or autoscaling for your pair)."""
+    from helpers.engine import describe_pool
+
     why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
            "tokenize_stage": _tokenize_stage_default(preset)[1],
            **dict(preset.reasons)}
+    pool = describe_pool(preset.concurrency)
+    why["concurrency"] = f"{why['concurrency']}; {pool}" if why.get("concurrency") else pool
     rows = []
     for name, field in PARAMETER_FIELDS.items():
         if name not in parameters:
@@ -539,7 +552,8 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
         chosen = parameters[name] is not None
         rows.append({"parameter": name, "value": repr(getattr(preset, field)),
                      "from": "your parameter" if chosen else f"preset {preset.name}",
-                     "why": "" if chosen else why.get(field, "")})
+                     "why": (pool if chosen else why[field]) if field == "concurrency" else
+                     ("" if chosen else why.get(field, ""))})
     if preset.replicas_per_gpu > 1:
         why.setdefault("gpu_memory_utilization", f"{preset.gpu_memory_utilization} of the GPU shared by "
                                                  f"{preset.replicas_per_gpu} replicas, less 0.01 each for its CUDA context")

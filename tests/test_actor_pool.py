@@ -1,0 +1,105 @@
+"""The replicas a run plans are the replicas Ray starts: every GPU configuration of either notebook
+reaches Ray Data LLM's engine stage as a fixed actor pool (min == max), unless the user gives a
+(min, max) pair. Ray 2.60 reads a bare integer ``concurrency=n`` as an autoscaling pool of 1..n.
+
+The notebooks' own processor cells are executed (as they are committed) with GPU run configurations,
+and the pool is read from the stages Ray built, the object that decides what Ray starts."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from helpers import engine, pipeline, presets
+
+NOTEBOOKS = {"text": "text_classification", "vision": "vlm_captioning"}
+H100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.6, "CPU": 16.0}
+EIGHT_A100 = {"GPU": 8.0, "accelerator_type:A100": 8.0, "gpu_memory_gib": 80.0, "CPU": 96.0}
+FOUR_L4 = {"GPU": 4.0, "accelerator_type:L4": 4.0, "CPU": 48.0}
+
+
+def _processor_cell(repo, notebook: str) -> str:
+    cells = json.loads((repo / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    (cell,) = [c for c in cells if c["cell_type"] == "code" and "vLLMEngineProcessorConfig(" in "".join(c["source"])]
+    return "".join(cell["source"])
+
+
+def _gpu_configs(task: str):
+    """Every GPU configuration the notebook can run: each named GPU preset, and "auto" on three clusters."""
+    for name, preset in presets.PRESETS.items():
+        if preset.task == task and preset.accelerator_type:
+            yield name, presets.select(name, task)
+    for label, cluster in (("auto on 1 H100", H100), ("auto on 8 A100", EIGHT_A100), ("auto on 4 L4", FOUR_L4)):
+        yield label, presets.select("auto", task, cluster=cluster)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _engine_pool(repo, task: str, run_config, tmp_path):
+    """Execute the notebook's processor cell for ``run_config``; the engine stage's actor pool."""
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    session = SimpleNamespace(engine_env={}, placement=engine.engine_placement(
+        run_config.accelerator_type, gpus_per_replica=run_config.gpus_per_replica or 1.0))
+    namespace = {
+        "vLLMEngineProcessorConfig": vLLMEngineProcessorConfig, "build_processor": build_processor,
+        "pipeline": pipeline, "run_config": run_config, "session": session, "model_path": str(tmp_path),
+        "TRUST_REMOTE_CODE": False, "CPU_STAGE_CPUS": 0.1, "keep_columns": [], "carry": (),
+        "preprocess": lambda row: {"messages": [], "sampling_params": {}}, "postprocess": lambda row: {},
+        "example": {},
+    }
+    exec(compile(_processor_cell(repo, NOTEBOOKS[task]), f"{NOTEBOOKS[task]}: processor cell", "exec"), namespace)
+    stage = namespace["processor"].get_stage_by_name("vLLMEngineStage")
+    return stage.map_batches_kwargs["compute"]
+
+
+@pytest.mark.parametrize("task", ["text", "vision"])
+def test_every_gpu_configuration_reaches_ray_as_a_fixed_pool(repo, task, local_ray, tmp_path):
+    seen = []
+    for label, run_config in _gpu_configs(task):
+        pool = _engine_pool(repo, task, run_config, tmp_path)
+        replicas = engine.max_replicas(run_config.concurrency)
+        assert (pool.min_size, pool.max_size) == (replicas, replicas), f"{label}: {pool}"
+        seen.append(label)
+    assert len(seen) >= 5
+
+
+def test_a_pair_you_give_autoscales_and_the_table_says_which(repo, local_ray, tmp_path):
+    _, defaults = _defaults(repo)
+    for given in ([2, 4], (2, 4), "(2, 4)", "[2, 4]"):
+        run_config = presets.from_parameters("text", {**defaults, "PRESET": "auto", "CONCURRENCY": given}, cluster=H100)
+        assert run_config.concurrency == (2, 4)
+        pool = _engine_pool(repo, "text", run_config, tmp_path)
+        assert (pool.min_size, pool.max_size) == (2, 4)
+        row = {r["parameter"]: r for r in presets.describe(run_config, {**defaults, "CONCURRENCY": given})}["CONCURRENCY"]
+        assert "autoscaling pool from 2 to 4" in row["why"] and row["from"] == "your parameter"
+    shipped = presets.from_parameters("text", {**defaults, "PRESET": "auto"}, cluster=H100)
+    row = {r["parameter"]: r for r in presets.describe(shipped, defaults)}["CONCURRENCY"]
+    assert f"a fixed pool of {shipped.concurrency} replicas, all started at once" in row["why"]
+
+
+def _defaults(repo):
+    nb = json.loads((repo / "notebooks" / "text_classification.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+    namespace: dict = {}
+    exec("".join(cell["source"]), namespace)
+    return cell, {k: v for k, v in namespace.items() if k.isupper()}
+
+
+@pytest.mark.parametrize("text, ok", [("(2, 2)", True), ("[2, 2]", True), ("3", True), ("(3, 2)", False),
+                                      ("two", False), ("(0, 2)", False), ("(1, 2, 3)", False)])
+def test_concurrency_text_from_papermill(repo, text, ok):
+    from helpers import params
+
+    _, defaults = _defaults(repo)
+    problems = params.text_problems({**defaults, "CONCURRENCY": text})
+    assert (problems == []) is ok, problems
