@@ -71,26 +71,30 @@ def interconnect(preset: Preset) -> list[Finding]:
 
 
 def blocks(num_blocks: int, replicas: int, batch_size: int, rows: int | None = None) -> list[Finding]:
-    """Enough blocks to keep every replica busy, and blocks no larger than a batch."""
+    """Work for every replica. The run cuts rows into blocks of one batch before the engine
+    (:func:`helpers.pipeline.run`), so the read's ``num_blocks`` sets how many read tasks work in
+    parallel, and ``rows`` (the run's: ``LIMIT``, else the whole input) set how many batches there are."""
     findings = []
     if num_blocks < 2 * replicas:
-        findings.append(Finding("warning", f"num_blocks={num_blocks} < 2 x {replicas} replicas: some replicas will "
-                                           f"idle; use {2 * replicas}-{4 * replicas} or more"))
-    if rows is not None and num_blocks and math.ceil(rows / num_blocks) > batch_size:
-        findings.append(Finding("warning", f"{rows} rows in {num_blocks} blocks is ~{math.ceil(rows / num_blocks)} rows "
-                                           f"per block > batch_size={batch_size}: a block larger than a batch wins over "
-                                           f"batch_size; use at least {math.ceil(rows / batch_size)} blocks"))
+        findings.append(Finding("warning", f"num_blocks={num_blocks} < 2 x {replicas} replicas: the input is read in "
+                                           f"only {num_blocks} tasks, so the first batches come slowly; use "
+                                           f"{2 * replicas}-{4 * replicas} or more"))
+    if rows is not None and replicas > 1 and math.ceil(rows / batch_size) < replicas:
+        batches = math.ceil(rows / batch_size)
+        findings.append(Finding("warning", f"{rows:,} rows make {batches} batch{'es' if batches > 1 else ''} of "
+                                           f"{batch_size}: {replicas - batches} of the {replicas} replicas get none; "
+                                           f"lower BATCH_SIZE to about {max(1, rows // replicas)}"))
     return findings
 
 
 def check_preset(preset: Preset, shape: ModelShape | None = None, rows: int | None = None) -> list[Finding]:
-    """All checks for one preset (memory only when the model's shape is known)."""
+    """All checks for one preset (memory only when the model's shape is known); ``rows``: the run's
+    rows (``LIMIT``, else the whole input's, counted or estimated), None when not known."""
     shape = shape or KNOWN_MODELS.get(preset.model_source)
     findings = batching(preset.batch_size, preset.max_concurrent_batches, preset.max_num_seqs)
     findings += memory(preset, shape) if shape else []
     findings += interconnect(preset)
-    findings += blocks(preset.num_blocks, max_replicas(preset.concurrency), preset.batch_size,
-                       rows if rows is not None else preset.limit)
+    findings += blocks(preset.num_blocks, max_replicas(preset.concurrency), preset.batch_size, rows)
     return findings
 
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-#: Column the text pipeline adds: the stable id of each input row.
+#: Column both pipelines add: the stable id of each input row.
 ROW_ID = "row_id"
-#: Column the text pipeline adds: why a row was not sent to the model ("" when it was).
+#: Column both pipelines add: why a row was not sent to the model ("" when it was).
 REJECT_REASON = "reject_reason"
 
 
@@ -95,6 +95,7 @@ class IdReport:
     empty: int  # rows whose id is null, "" or only whitespace
     repeated_values: int  # distinct ids that more than one row has
     examples: tuple[tuple[str, int], ...]  # up to 5 of them, with how many rows have each
+    sample: list = field(default_factory=list, repr=False)  # the first rows, whole, when asked for
 
     def problem(self, column: str) -> str:
         """What is wrong with ``column``, and what to do ("" when nothing is)."""
@@ -120,19 +121,46 @@ def _id_text(values: pd.Series) -> tuple[pd.Series, pd.Series]:
     return text, text.isna() | text.str.strip().eq("")
 
 
-def check_ids(ds, column: str, *, examples: int = 5, batch_size: int = 65_536) -> IdReport:
-    """Read ``column`` of ``ds`` once and count empty and repeated ids; raise :class:`IdColumnError`
-    with the values and the fix if there are any.
+def first_rows(ds, limit: int | None):
+    """``ds`` cut to its first ``limit`` rows *in the input's order* (files in sorted path order, rows
+    in file order); ``ds`` itself for ``limit`` None.
 
-    One streaming pass: only the id column comes to this process, a batch at a time, and each id
-    is kept as an 8-byte hash (``pandas.util.hash_array``; 8 MB per million rows). Only when some
-    hash repeats does a second pass collect the ids behind it, to name them. (A Ray Data groupby
-    took 25-40 s on a 2-core machine for a few rows: its shuffle tasks, not the data.)"""
+    Ray's ``limit`` keeps the first rows to *arrive*, and a read's blocks arrive in any order: two
+    runs with ``LIMIT=10_000`` could run different rows, and the ids the kit checked could differ
+    from the rows it ran. So ``ds`` (and every dataset made from it) keeps the input's order
+    (``preserve_order`` on the dataset's own context): the same rows every time, and a resumed run
+    completes exactly the rows the first attempt began (:func:`helpers.pipeline.run`)."""
+    if not limit:
+        return ds
+    ds.context.execution_options.preserve_order = True
+    return ds.limit(limit)
+
+
+def check_and_sample(ds, id_column: str | None, sample: int = 200) -> list[dict[str, Any]]:
+    """The first ``sample`` rows of ``ds`` (for the prompt checks), and, with an ``id_column``, its
+    ids checked in the same pass (:func:`check_ids`): the input is read once for both."""
+    if not id_column:
+        return ds.limit(sample).take_all()
+    return check_ids(ds, id_column, sample=sample).sample
+
+
+def check_ids(ds, column: str, *, examples: int = 5, batch_size: int = 65_536, sample: int = 0) -> IdReport:
+    """Read ``column`` of ``ds`` once and count empty and repeated ids; raise :class:`IdColumnError`
+    with the values and the fix if there are any. With ``sample``, the same pass also keeps the
+    first ``sample`` rows whole (:attr:`IdReport.sample`).
+
+    One streaming pass: only the id column comes to this process (every column with ``sample``), a
+    batch at a time, and each id is kept as an 8-byte hash (``pandas.util.hash_array``; 8 MB per
+    million rows). Only when some hash repeats does a second pass collect the ids behind it, to
+    name them. (A Ray Data groupby took 25-40 s on a 2-core machine for a few rows: its shuffle
+    tasks, not the data.)"""
     import numpy as np
 
     ids = ds.select_columns([column])
-    hashes, rows, empty = [], 0, 0
-    for batch in ids.iter_batches(batch_format="pandas", batch_size=batch_size):
+    hashes, rows, empty, kept = [], 0, 0, []
+    for batch in (ds if sample else ids).iter_batches(batch_format="pandas", batch_size=batch_size):
+        if len(kept) < sample:
+            kept += batch.head(sample - len(kept)).to_dict("records")
         text, blank = _id_text(batch[column])
         rows, empty = rows + len(text), empty + int(blank.sum())
         hashes.append(pd.util.hash_array(text[~blank].to_numpy(dtype=object)))
@@ -148,7 +176,7 @@ def check_ids(ds, column: str, *, examples: int = 5, batch_size: int = 65_536) -
             for value in text[np.isin(pd.util.hash_array(text.to_numpy(dtype=object)), list(repeated))]:
                 named[value] = named.get(value, 0) + 1
         shown = tuple(sorted(named.items(), key=lambda item: (-item[1], item[0]))[:examples])
-    report = IdReport(rows=rows, empty=empty, repeated_values=len(repeated), examples=shown)
+    report = IdReport(rows=rows, empty=empty, repeated_values=len(repeated), examples=shown, sample=kept)
     if report.problem(column):
         raise IdColumnError(report.problem(column))
     return report

@@ -176,6 +176,8 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)
     # Off, Ray would still warn once per run that progress bars are off: noise in a report.
     logging.getLogger("ray.data._internal.progress").setLevel(logging.INFO if progress else logging.ERROR)
+    if not verbose:
+        quiet_ray_notices()
 
     if ray.is_initialized():
         ray.shutdown()
@@ -189,6 +191,26 @@ def start_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
         kwargs["address"] = address
     ray.init(**kwargs)
     return ray.cluster_resources()
+
+
+#: Loggers whose INFO and WARNING notices need nothing from a user of the kit (their messages): Ray's
+#: start ("Started a local Ray instance", "Calling ray.init() again"), token authentication being on
+#: (Ray 2.60's default; a notice, not a problem), Ray Data LLM's "No cloud storage mirror configured".
+QUIET_LOGGERS = ("ray._private.worker", "ray._private.authentication")
+
+
+def quiet_ray_notices() -> None:
+    """Raise the loggers of :data:`QUIET_LOGGERS`, and Ray Data LLM's (each has a handler and level of
+    its own), to ERROR: in a notebook each notice is a red line a person cannot act on. ``VERBOSE``
+    keeps them."""
+    import logging
+
+    names = [*QUIET_LOGGERS, "ray.llm", *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm."))]
+    for name in names:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    llm = logging.getLogger("ray.llm")
+    if not llm.handlers:  # Ray Data LLM gives a logger made later a handler and INFO level of its own unless
+        llm.addHandler(logging.NullHandler())  # "ray.llm" has a handler: then it inherits ERROR from here
 
 
 def concurrency_arg(concurrency: int | str | list[int] | tuple[int, int]) -> int | tuple[int, int]:

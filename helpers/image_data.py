@@ -19,7 +19,7 @@ import io
 import posixpath
 import tarfile
 from pathlib import Path
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,10 @@ def detect_format(path: str, fs=None) -> str:
         raise ValueError(f"{path!r} mixes .tar or .parquet files with others ({sorted(suffixes)}); "
                          f"set INPUT_FORMAT to one of {FORMATS}, or point INPUT_PATH at one kind")
     return "images"
+
+
+#: What each layout's images are told apart (and resumed) by, when ``ID_COLUMN`` does not apply.
+ID_OF = {"webdataset": "its shard and key", "images": "its file path", "parquet": "a hash of its bytes"}
 
 
 def source_id_column(input_format: str, id_column: str | None) -> str | None:
@@ -465,3 +469,31 @@ def prepare_sample_images(cache: Path | None = None) -> Path:
         return {"images": len(files), "broken": sorted(k for k in files if k.startswith("broken_"))}
 
     return build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"
+
+
+def check_parameters(p: Mapping[str, Any]):
+    """The captioning notebook's parameters, its input (there, its layout, ``ID_COLUMN`` honoured
+    for parquet and refused for layouts whose ids come from the files) and ``OUTPUT_DIR``; raise
+    listing every problem, or return what to read (:class:`helpers.inputs.Input`; the bundled sample is
+    written on first use)."""
+    from helpers import inputs, params, storage
+
+    problems = params.caption_problems(p)
+    if p["INPUT_PATH"] is None:
+        path, fs = str(prepare_sample_images()), None
+    else:
+        path, fs = inputs.resolve(p["INPUT_PATH"], problems)
+    layout = p["INPUT_FORMAT"] if p["INPUT_FORMAT"] != "auto" else None
+    if path is not None:
+        try:
+            layout = layout or detect_format(path, fs)
+            if p["ID_COLUMN"] is not None and layout != "parquet":
+                problems.append(f"ID_COLUMN={p['ID_COLUMN']!r} applies to parquet input only; this input is "
+                                f"{layout}, where each image's id is {ID_OF[layout]}: set ID_COLUMN=None")
+            elif isinstance(p["ID_COLUMN"], str):
+                problems += inputs.missing_columns(inputs.parquet_columns(path, fs), {"ID_COLUMN": p["ID_COLUMN"]}, storage.redact(path))
+        except (OSError, ValueError) as exc:
+            problems.append(f"INPUT_PATH={storage.redact(path)!r} cannot be read: {exc}")
+    problems += inputs.output_problems(p)
+    params.validate(problems)
+    return inputs.Input(path=path, fs=fs, format=layout)  # type: ignore[arg-type]

@@ -117,6 +117,27 @@ class Location:
         elif kind == pafs.FileType.File:
             self.fs.delete_file(self.path)
 
+    def move_to(self, target: Location) -> None:
+        """Move this file or folder (with everything in it) to ``target`` on the same storage: a rename
+        on a local disk; in object storage, each object copied, then the originals deleted."""
+        from pyarrow import fs as pafs
+
+        kind = self._type()
+        if kind == pafs.FileType.NotFound:
+            return
+        if not self.remote:
+            os.makedirs(os.path.dirname(target.path), exist_ok=True)
+            os.replace(self.path, target.path)
+            return
+        if kind == pafs.FileType.File:
+            self.fs.copy_file(self.path, target.path)
+            self.fs.delete_file(self.path)
+            return
+        for info in self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True)):
+            if info.type == pafs.FileType.File:
+                self.fs.copy_file(info.path, target.path + info.path[len(self.path):])
+        self.fs.delete_dir(self.path)
+
     def parquet_rows(self) -> int:
         import pyarrow.parquet as pq
 

@@ -8,7 +8,9 @@ and collects them.
 Resuming uses Ray Data's own checkpointing: each write records the ids of the rows it wrote under
 ``OUTPUT_DIR/checkpoint/<name>/``; after a crash, the next run with the same settings skips those
 rows at the read and appends the rest. A run that finished deletes its checkpoints, so the next
-run starts fresh and replaces the results instead of appending to them.
+run starts fresh. No run deletes results: the next one moves them to ``OUTPUT_DIR/earlier/<time>/``,
+and an interrupted run that the next would not resume stops it until you choose
+(:func:`prepare_output_dir`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
+import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +34,8 @@ CHECKPOINT = "checkpoint"
 RUN_FILE = "run.json"
 #: The file that marks a folder as the kit's: only in such a folder does a run remove anything.
 MARKER = ".llm-batch-kit"
-MARKER_TEXT = "Results of the LLM batch inference kit: a new run here replaces them.\n"
+MARKER_TEXT = ("Results of the LLM batch inference kit: a new run here moves earlier results to earlier/ "
+               "and never deletes them.\n")
 PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
 #: Derived files a run writes at the end; every run rewrites them.
@@ -43,13 +46,6 @@ DERIVED = (PREDICTIONS, ERRORS, "summary.json", "confusion_matrix.png", "label_c
 def fingerprint(settings: Mapping[str, Any]) -> str:
     """A short hash of the settings that decide a run's results (resume only with the same ones)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
 
 
 @dataclass(frozen=True)
@@ -69,6 +65,21 @@ class RunOutputs:
     rows_done: int = 0
     #: Where the results land when that is not ``root`` (a bucket); None: ``root`` itself.
     location: Location | None = None
+    #: This run's id, also in ``run.json``: a later run that moves these results aside changes it there.
+    run_id: str = ""
+
+    def check_current(self) -> None:
+        """Raise :class:`ResultsMovedError` if a later run started in ``OUTPUT_DIR`` since this one (it
+        moved these results to ``earlier/``): what is in memory is then no longer what is on disk."""
+        try:
+            now = json.loads((self.where / RUN_FILE).read_text()).get("run")
+        except (OSError, ValueError):
+            now = None
+        if self.run_id and now != self.run_id:
+            raise ResultsMovedError(
+                f"The results in memory are not the ones in {self.where} any more: a later run started there (or "
+                f"this cell's run did not finish), and earlier results were moved to {EARLIER}/. Run the notebook "
+                "from the 'Run the pipeline' cell down to make and save new ones.")
 
     @property
     def where(self) -> Location:
@@ -169,6 +180,10 @@ def parquet_rows(path: Path | Location) -> int:
     return Location.of(path).parquet_rows()
 
 
+class ResultsMovedError(RuntimeError):
+    """The results a cell holds in memory are no longer in ``OUTPUT_DIR`` (a later run moved them)."""
+
+
 class NotTheKitsFolderError(FileExistsError):
     """``OUTPUT_DIR`` holds files the kit did not write: a run would remove folders by their names."""
 
@@ -193,6 +208,33 @@ def claim_output_dir(path: str | Path) -> Path:
     except OSError as exc:
         raise PermissionError(f"OUTPUT_DIR={str(path)!r} is not writable: {exc}") from exc
     return out
+
+
+def output_dir_problem(path: str) -> str:
+    """Why ``OUTPUT_DIR`` cannot be claimed (:func:`claim_output_dir`, :func:`claim_location`), or "":
+    checked by reading only, before anything starts."""
+    import os
+
+    try:
+        where = Location.of(path)
+        if where.remote:
+            names = check_reachable(where)
+            kits = MARKER in names or (RUN_FILE in names and _kit_run_file(where / RUN_FILE))
+        else:
+            out = Path(where.path)
+            if out.exists() and not out.is_dir():
+                return f"OUTPUT_DIR={path!r} exists and is not a folder"
+            existing = out
+            while not existing.exists():
+                existing = existing.parent
+            if not os.access(existing, os.W_OK):
+                return f"OUTPUT_DIR={path!r} is not writable (no write access to {existing})"
+            names = [c.name for c in out.iterdir()] if out.exists() else []
+            kits = MARKER in names or _kit_run_file(out / RUN_FILE)
+        _refuse_if_not_the_kits(str(path), names, kits)
+    except (OSError, NotTheKitsFolderError) as exc:
+        return str(exc)
+    return ""
 
 
 def _refuse_if_not_the_kits(shown: str, names: list[str], kits: bool) -> None:
@@ -237,13 +279,74 @@ def describe_request(request: Any) -> Any:
     return _ADDRESS.sub("", f"{type(request).__name__}: {request}")
 
 
-def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None) -> RunOutputs:
-    """Create the output folder and decide whether this run resumes an interrupted one.
+#: Where a run moves the results it finds in ``OUTPUT_DIR`` before it starts fresh: a run never
+#: deletes rows; ``earlier/<time>/`` keeps them (with the ``run.json`` that says how they were made).
+EARLIER = "earlier"
 
-    It resumes only if ``resume`` is on, an earlier run left checkpoints, and that run used the
-    same ``settings``; otherwise everything an earlier run wrote is removed (only the kit's own
-    files: other files in the folder are left alone). ``message`` says which happened. A folder
-    that is not the kit's is refused (:func:`claim_output_dir`).
+
+class InterruptedRunError(RuntimeError):
+    """``OUTPUT_DIR`` holds an interrupted run that this run would not resume (other settings, or
+    ``RESUME=False``): the message names what changed and the two ways on. Nothing was changed."""
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"request": {"messages": [{"content": "x"}]}}`` -> ``{"request.messages[0].content": "x"}``."""
+    if isinstance(value, Mapping):
+        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)) and value and any(isinstance(v, (Mapping, list, tuple)) for v in value):
+        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, inner in items:
+        flat.update(_flatten(inner, key))
+    return flat
+
+
+def _shown(value: Any, width: int = 70) -> str:
+    text = "(not set)" if value is _MISSING else repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+_MISSING = object()
+
+
+def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``"name: old -> new"`` for each setting that differs (nested ones by their dotted path)."""
+    before, after = _flatten(json.loads(json.dumps(old, default=str))), _flatten(json.loads(json.dumps(new, default=str)))
+    return [f"{key}: {_shown(before.get(key, _MISSING))} -> {_shown(after.get(key, _MISSING))}"
+            for key in sorted(set(before) | set(after)) if before.get(key, _MISSING) != after.get(key, _MISSING)]
+
+
+def _move_aside(where: Location, names: Sequence[str]) -> Location:
+    """Move ``names`` (files or folders in ``where``) into a new ``earlier/<UTC time>/``; return it."""
+    import time
+
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
+    target, n = where / EARLIER / stamp, 1
+    while target.exists():
+        n += 1
+        target = where / EARLIER / f"{stamp}-{n}"
+    target.mkdir()
+    for name in names:
+        (where / name).move_to(target / name)
+    return target
+
+
+def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None,
+                       start_over: bool = False) -> RunOutputs:
+    """Create the output folder and decide whether this run resumes an interrupted one. It never
+    deletes results:
+
+    - an interrupted run (committed checkpoints) with the same ``settings`` and ``resume`` on: resumed;
+    - an interrupted run that this run would not resume (other ``settings``, or ``resume`` off):
+      :class:`InterruptedRunError`, naming each setting that changed (old -> new), unless
+      ``start_over`` (the user's ``START_OVER=True``); then, as below, its rows are moved aside;
+    - anything else an earlier run wrote (finished results, files of a run killed before its first
+      checkpoint): moved to ``OUTPUT_DIR/earlier/<time>/`` with its ``run.json``, and this run
+      starts fresh. ``message`` says which happened and where the earlier results are.
+
+    A folder that is not the kit's is refused (:func:`claim_output_dir`).
     """
     from helpers.storage import redact_all
 
@@ -258,37 +361,45 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     # Secrets in a path (a presigned URL's signature) are never written; a re-signed URL still resumes.
     settings = redact_all(dict(settings or {}))
     current = fingerprint(settings)
-    previous = json.loads(run_file.read_text()).get("fingerprint") if run_file.is_file() else None
+    record = json.loads(run_file.read_text()) if run_file.is_file() else {}
     checkpoints = [where / CHECKPOINT / name for name in (where / CHECKPOINT).children()]
-    interrupted = any(has_checkpoint(folder) for folder in checkpoints)
+    done = [f for folder in checkpoints for f in committed_checkpoints(folder)]
     rows_done = 0
-    if resume and interrupted and previous == current:
+    if done and resume and record.get("fingerprint") == current:
         message = "resuming an interrupted run: rows it finished are skipped"
-        rows_done = sum(parquet_rows(f) for folder in checkpoints for f in committed_checkpoints(folder))
-    else:
-        if resume and interrupted:
-            message = "an interrupted run used other settings: starting fresh"
-        else:
-            message = "starting fresh" + (" (replacing the results of an earlier run)" if (where / PARTS).exists() else "")
-        for name in (PARTS, CHECKPOINT):
+        rows_done = sum(parquet_rows(f) for f in done)
+        for name in DERIVED:  # tables and charts made from parts/, which stays: rebuilt at the end
             (where / name).remove()
-    for name in DERIVED:
-        (where / name).remove()
-    run_file.write_text(json.dumps({"fingerprint": current, "settings": settings}, indent=2, default=str))
+    else:
+        if done and not start_over:
+            finished = sum(parquet_rows(f) for f in done)
+            why = ("RESUME is False" if resume is False else
+                   "it used other settings:\n    " + "\n    ".join(changed_settings(record.get("settings", {}), settings)
+                                                      or ["(its run.json records none)"]))
+            raise InterruptedRunError(
+                f"OUTPUT_DIR={str(where)!r} holds an interrupted run with {finished:,} rows finished, and this run "
+                f"would not resume it: {why}\nNothing was changed there. Either run again with that run's settings "
+                "(and RESUME=True) to finish it, or set START_OVER=True to start over with these settings (its rows "
+                f"are then kept in {EARLIER}/), or choose another OUTPUT_DIR.")
+        found = [name for name in (PARTS, CHECKPOINT, *DERIVED) if (where / name).exists()]
+        message = "starting fresh"
+        if found:
+            kept = _move_aside(where, [*found, *([RUN_FILE] if run_file.is_file() else [])])
+            message += f" (the earlier results are kept in {kept}; delete that folder when you no longer need them)"
+    run_file.write_text(json.dumps({"fingerprint": current, "run": uuid.uuid4().hex, "settings": settings},
+                                   indent=2, default=str))
     return RunOutputs(root=root, resume=resume, message=message, rows_done=rows_done,
-                      location=where if where.remote else None)
+                      location=where if where.remote else None, run_id=json.loads(run_file.read_text())["run"])
 
 
 def staging_folder(location: Location) -> Path:
-    """A new, empty local folder for what this process writes before :meth:`RunOutputs.publish`
-    copies it to ``location`` in object storage."""
+    """A new, empty local folder of this run's own for what this process writes before
+    :meth:`RunOutputs.publish` copies it to ``location`` in object storage (two runs to one bucket on
+    one machine each get their own)."""
     import tempfile
 
     digest = hashlib.sha256(location.uri.encode()).hexdigest()[:12]
-    folder = Path(tempfile.gettempdir()) / "llm-batch-kit-staging" / digest
-    _remove(folder)
-    folder.mkdir(parents=True)
-    return folder
+    return Path(tempfile.mkdtemp(prefix=f"llm-batch-kit-staging-{digest}-"))
 
 
 def claim_location(location: Location) -> None:

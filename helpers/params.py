@@ -43,7 +43,7 @@ def _flag_problem(name: str, value: Any, *, optional: bool = False) -> list[str]
 def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
     """Problems with the parameters both notebooks share (``task``: "text" or "vision")."""
     problems = []
-    for name in ("TRUST_REMOTE_CODE", "VERBOSE", "RESUME"):
+    for name in ("TRUST_REMOTE_CODE", "VERBOSE", "RESUME", "START_OVER"):
         problems += _flag_problem(name, p[name])
     problems += _flag_problem("ENFORCE_EAGER", p["ENFORCE_EAGER"], optional=True)
     if p["LIMIT"] is not None and not (_is_int(p["LIMIT"]) and p["LIMIT"] >= 1):
@@ -94,6 +94,8 @@ def text_problems(p: Mapping[str, Any]) -> list[str]:
         if p[name] is not None and not (isinstance(p[name], str) and p[name]):
             problems.append(f"{name} must name a column or be None, got {p[name]!r}")
     problems += _flag_problem("TOKENIZE_STAGE", p["TOKENIZE_STAGE"], optional=True)
+    if not isinstance(p["TASK"], str) or not p["TASK"].strip():
+        problems.append(f"TASK must be a non-empty instruction, got {p['TASK']!r}")
     if not isinstance(p["USER_TEMPLATE"], str) or "{text}" not in p["USER_TEMPLATE"]:
         problems.append(f"USER_TEMPLATE must contain '{{text}}', got {p['USER_TEMPLATE']!r}")
     return problems

@@ -27,7 +27,7 @@ import pandas as pd
 from helpers import engine
 from helpers.data import REJECT_REASON
 from helpers.location import Location
-from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, read_parts, result_row
+from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, prepare_output_dir, read_parts, result_row
 
 #: Ray Data LLM's per-row error column: a row with a non-empty value skips every stage.
 INFERENCE_ERROR = "__inference_error__"
@@ -39,6 +39,12 @@ POSTPROCESS = "postprocess"
 RESULTS = "results"  # the parts folder of the one write
 #: Set to 0 or 1 to turn Ray Data's progress reports off or on whatever :func:`interactive` says.
 PROGRESS_ENV = "LLM_KIT_PROGRESS"
+#: The DataContext entry that records which Ray session a dataset was read in (:meth:`Session.check_ready`).
+OWNER_KEY = "llm_batch_kit.owner"
+
+
+class NotReadyError(RuntimeError):
+    """The run cell cannot start in this kernel's state; the message says which cell to run from."""
 
 
 def interactive() -> bool:
@@ -78,12 +84,41 @@ class Session:
     startup_timeout_s: float | None = 600  # the first results must be written within this (None: no limit)
     address: str | None = None  # the cluster joined (RAY_ADDRESS, or one running here); None: a local Ray
     batch_size: int = 0  # rows per engine batch: the rows of each block that enters the engine (0: as read)
+    #: The driver's Ray worker at the start: Ray's objects (and a dataset read in this Ray session)
+    #: belong to it; a Ray started again has another.
+    owner: str = ""
+
+    def check_ready(self, ds) -> None:
+        """Raise :class:`NotReadyError`, saying which cell to run from, unless Ray is the one this session
+        started and ``ds`` was built in it. Called before anything touches the output folder: in
+        Jupyter, re-running the run cell after the summary cell (which shuts Ray down) failed only
+        after the earlier results were gone, and a dataset of the previous Ray session fails with
+        Ray's "owner is unknown"."""
+        import ray
+
+        if not ray.is_initialized():
+            raise NotReadyError("Ray is not running: the Summary cell shuts it down to free the engine's memory. "
+                                "Run the notebook again from the 'Start Ray' cell down. Nothing in OUTPUT_DIR was touched.")
+        if ray.get_runtime_context().get_worker_id() != self.owner:
+            raise NotReadyError("Ray was started again after the 'Start Ray' cell ran. Run the notebook again from the "
+                                "'Start Ray' cell down. Nothing in OUTPUT_DIR was touched.")
+        built_in = ds.context.get_config(OWNER_KEY)
+        if built_in != self.owner:
+            raise NotReadyError("`ds` was read before Ray was last started, and Ray has forgotten its blocks. Run the "
+                                "notebook again from the 'Read the data' cell down. Nothing in OUTPUT_DIR was touched.")
+
+    def prepare_output(self, output_dir: str, ds, *, resume: bool, start_over: bool,
+                       settings: Mapping[str, Any]) -> RunOutputs:
+        """:meth:`check_ready`, then :func:`helpers.outputs.prepare_output_dir`: the output folder is
+        touched only once the run can start."""
+        self.check_ready(ds)
+        return prepare_output_dir(output_dir, resume=resume, settings=settings, start_over=start_over)
 
     def describe(self) -> str:
-        where = f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray"
+        where = (f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray") + _dashboard()
         return (f"{where}: {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
                 f"reserves {self.budget.reserved:g} CPUs for actors; engine cores: {self.threads_bind or 'chosen by vLLM'}; "
-                f"progress reports: {'on' if self.progress else 'off'}")
+                f"progress: {'one line below the run cell, updated in place' if self.progress else 'a line in the log every minute'}")
 
 
 def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: int, kv_cache_gib: float | None,
@@ -101,15 +136,19 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
                               stage_actors=stage_actors_per_replica * replicas)
     threads = engine.cpu_threads_bind(run_config.accelerator_type, replicas)
     env = engine.engine_env(kv_cache_gib, threads_bind=threads)
-    progress = verbose or interactive()
+    progress = interactive()  # the kit's one line that updates in place; Ray's own reports only with verbose
     address = engine.cluster_address()
-    cluster = engine.start_ray(budget, env, verbose=verbose, progress=progress)
+    cluster = engine.start_ray(budget, env, verbose=verbose, progress=verbose)
     engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
+    import ray
+
+    owner = ray.get_runtime_context().get_worker_id()
+    ray.data.DataContext.get_current().set_config(OWNER_KEY, owner)  # datasets read from now on carry it
     return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
                    placement=engine.engine_placement(run_config.accelerator_type,
                                                      gpus_per_replica=run_config.gpus_per_replica or 1.0),
                    stage_cpus=stage_cpus, startup_timeout_s=startup_timeout_s, address=address,
-                   batch_size=run_config.batch_size)
+                   batch_size=run_config.batch_size, owner=owner)
 
 
 def _failure(what: str, exc: BaseException) -> str:
@@ -239,6 +278,7 @@ class RunResult:
     throughput: Throughput
     files: list[Location] = field(default_factory=list)  # the result files this run wrote
     stats: str = ""  # Ray Data's execution statistics per operator
+    run: RunOutputs | None = None  # the output folder it wrote to (its run id guards the saved summary)
 
     @property
     def rows_read(self) -> int | None:
@@ -342,31 +382,89 @@ def _progress_line(minutes: float, rows: int, total: int | None, recent: float, 
             f"{window:.0f} s{left}")
 
 
-@contextmanager
-def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = None, stream=None) -> Iterator[None]:
-    """While the code inside runs, write a progress line every ``every_s`` seconds: rows written to
-    ``folder`` in this run (result files' footers, each read once), the rate over the last interval
-    and, with a known ``total`` (``LIMIT``), the time left at that rate.
+def log_stream():
+    """A text stream to the process's own standard error, never into a notebook's output.
 
-    The lines go to the process's own standard error (``sys.__stderr__``): in a notebook kernel that
-    is the terminal or job log that started papermill, not the executed notebook, so the report
-    stays clean while a long headless run is never silent. ``every_s`` 0: nothing."""
-    if not every_s:
-        yield
-        return
-    stream = stream or sys.__stderr__
+    In a kernel, ``sys.stderr`` forwards to the notebook, and ipykernel also captures file
+    descriptor 2 (so ``sys.__stderr__`` reaches the notebook too); ``sys.stderr.fileno()`` is the
+    copy of the original stream it keeps: the terminal or job log that started the kernel."""
+    try:
+        return open(sys.stderr.fileno(), "w", buffering=1, closefd=False)
+    except (AttributeError, OSError, ValueError):  # no file descriptor (a test's stream): as it is
+        return sys.__stderr__
+
+
+def _counter(folder: Location) -> Callable[[], int]:
+    """A function that counts the rows in ``folder``'s result files, reading each file's footer once."""
     counted: dict[Location, int] = {}
-    folder = Location.of(folder)
 
     def written() -> int:
         for f, _ in folder.files():
             if f not in counted:
                 try:
                     counted[f] = parquet_rows(f)
-                except Exception:  # a file still being written: counted at the next beat
+                except Exception:  # a file still being written: counted at the next look
                     continue
         return sum(counted.values())
 
+    return written
+
+
+def _live_line(seconds: float, rows: int, total: int | None, rate: float) -> str:
+    if not rows:
+        return f"{seconds:.0f} s: starting the engine and sending the first batches; no rows written yet"
+    of = f" of {total:,}" if total else ""
+    left = f", about {(total - rows) / rate / 60:.1f} min left" if total and rate > 0 and rows < total else ""
+    return f"{seconds:.0f} s: {rows:,}{of} rows written, {rate:.1f} rows/s{left}"
+
+
+@contextmanager
+def live_progress(folder: Path | Location, *, total: int | None = None, every_s: float = 2.0,
+                  display=None) -> Iterator[None]:
+    """While the code inside runs, one line in the notebook that updates in place every ``every_s``
+    seconds: rows written to ``folder`` of ``total``, the rate since the first rows, and the time left.
+    ``display``: IPython's (the default), or a stand-in for tests."""
+    if display is None:
+        from IPython.display import display
+    folder = Location.of(folder)
+    written = _counter(folder)
+    before, started, done = written(), time.monotonic(), threading.Event()
+    handle = display({"text/plain": _live_line(0, 0, total, 0)}, raw=True, display_id=True)
+    first: list[tuple[float, int]] = []
+
+    def show() -> None:
+        rows, now = written() - before, time.monotonic()
+        if rows and not first:
+            first.append((now, rows))
+        rate = (rows - first[0][1]) / (now - first[0][0]) if first and now > first[0][0] else 0.0
+        handle.update({"text/plain": _live_line(now - started, rows, total, rate)}, raw=True)
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            show()
+
+    threading.Thread(target=tick, daemon=True, name="live-progress").start()
+    try:
+        yield
+    finally:
+        done.set()
+        show()
+
+
+@contextmanager
+def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = None, stream=None) -> Iterator[None]:
+    """While the code inside runs, write a progress line every ``every_s`` seconds: rows written to
+    ``folder`` in this run (result files' footers, each read once), the rate over the last interval
+    and, with a known ``total`` (``LIMIT``), the time left at that rate.
+
+    The lines go to the process's own standard error (:func:`log_stream`): in a notebook kernel that
+    is the terminal or job log that started papermill, not the executed notebook, so the report
+    stays clean while a long headless run is never silent. ``every_s`` 0: nothing."""
+    if not every_s:
+        yield
+        return
+    stream = stream or log_stream()
+    written = _counter(Location.of(folder))
     before, started, done = written(), time.monotonic(), threading.Event()
 
     def beat() -> None:
@@ -402,6 +500,27 @@ def _dashboard() -> str:
     except Exception:  # a hint only
         return ""
     return f"; each operator's progress: the Ray Dashboard, http://{url}" if url else ""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C, Jupyter's stop button): one line says what is safe and how to go
+    on, instead of a hundred lines of Ray's and the kit's stack (IPython prints
+    ``_render_traceback_``'s lines in place of a traceback)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
+
+
+def _interrupted_message(out: RunOutputs, id_column: str | None) -> str:
+    from helpers.outputs import committed_checkpoints
+
+    if out.resume and id_column is not None:
+        done = sum(parquet_rows(f) for f in committed_checkpoints(out.checkpoint(RESULTS)))
+        return (f"interrupted: {done:,} rows are safe in OUTPUT_DIR (written and checkpointed). Run this cell again "
+                "with the same settings to resume; only the rest is sent to the model.")
+    written = sum(parquet_rows(f) for f, _ in out.parts(RESULTS).files())
+    return (f"interrupted: {written:,} rows were written, but this run does not resume (RESUME=False or no "
+            "ID_COLUMN): running the cell again starts over, and keeps them in OUTPUT_DIR/earlier/.")
 
 
 class _NoResultsInTime(KeyboardInterrupt):
@@ -505,17 +624,23 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                                fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
-    # Headless (no progress reports): a line in the log every minute, never in the report.
-    beat_s = 0 if session.progress else heartbeat_seconds()
-    total = max(limit - out.rows_done, 0) if limit else None
-    if beat_s:
-        print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{_dashboard()}.\n"
-              f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=sys.__stderr__, flush=True)
-    with first_results_within(out.parts(RESULTS), session.startup_timeout_s), \
-            heartbeat(out.parts(RESULTS), beat_s, total=total):
-        known = min(filter(None, (limit, expected_rows)), default=None)
-        written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
-                            rows_per_file=rows_per_file(session.batch_size, known))
+    known = min(filter(None, (limit, expected_rows)), default=None)
+    total = max(known - out.rows_done, 0) if known else None
+    if session.progress:  # a person in Jupyter: one line that updates in place
+        print(ACTOR_ARGUMENTS_NOTE, flush=True)
+        progress = live_progress(out.parts(RESULTS), total=total)
+    else:  # headless: a line in the log every minute, never in the report
+        beat_s = heartbeat_seconds()
+        if beat_s:
+            print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{_dashboard()}.\n"
+                  f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=log_stream(), flush=True)
+        progress = heartbeat(out.parts(RESULTS), beat_s, total=total)
+    try:
+        with first_results_within(out.parts(RESULTS), session.startup_timeout_s), progress:
+            written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
+                                rows_per_file=rows_per_file(session.batch_size, known))
+    except KeyboardInterrupt:
+        raise RunInterrupted(_interrupted_message(out, id_column)) from None
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: f.read_parquet() for f in sorted(written.written_at)}  # every result file, as the write listed them
@@ -529,7 +654,7 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     return RunResult(
         root=out.root, answered=answered, errors=errors, rows_entered_now=_rows_entering(finished),
         rows_written_now=written.rows, rows_written_before=written.rows_before,
-        throughput=throughput, files=written.files, stats=_stats(finished),
+        throughput=throughput, files=written.files, stats=_stats(finished), run=out,
     )
 
 

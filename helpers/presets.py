@@ -45,7 +45,6 @@ class Preset:
     batch_size: int
     max_model_len: int
     num_blocks: int
-    limit: int | None
     max_concurrent_batches: int = 4
     max_num_seqs: int = 256
     #: Prompt tokens the engine takes per step; None: what ``vllm.LLM`` uses on this hardware
@@ -184,34 +183,35 @@ QWEN_VL_3B = "Qwen/Qwen2.5-VL-3B-Instruct"
 
 PRESETS: dict[str, Preset] = {p.name: p for p in [
     # Offline, on a CPU: the notebooks' defaults.
-    Preset("text-cpu-offline", "text", "offline", None, 1, 64, 256, 8, None, max_num_seqs=64,
+    Preset("text-cpu-offline", "text", "offline", None, 1, 64, 256, 8, max_num_seqs=64,
            enforce_eager=True, description="SmolLM2-135M from a PyPI wheel, on the CPU"),
-    Preset("vision-cpu-offline", "vision", "offline", None, 1, 8, 192, 4, None, max_num_seqs=32,
+    Preset("vision-cpu-offline", "vision", "offline", None, 1, 8, 192, 4, max_num_seqs=32,
            enforce_eager=True, description="a tiny random Qwen2-VL, on the CPU (captions are noise)"),
     # Ray's LLM batch-inference tutorials, as published. The checks flag what the throughput guide would: on an L4,
-    # not all 256 (or 64) full-length sequences fit the KV cache at once, and the scaled runs' blocks
-    # are larger than a batch. Kept as published; override fields to follow the advice.
-    Preset("text-llama8b-l4", "text", LLAMA_8B, "L4", 4, 256, 256, 128, 10_000,
+    # not all 256 (or 64) full-length sequences fit the KV cache at once. Kept as published; override
+    # fields to follow the advice. The row counts are the runs' LIMIT, a parameter of its own.
+    Preset("text-llama8b-l4", "text", LLAMA_8B, "L4", 4, 256, 256, 128,
            description="Ray's tutorial, text: 10,000 rows on 4 L4s"),
-    Preset("text-llama8b-l4-scaled", "text", LLAMA_8B, "L4", 10, 256, 256, 256, 1_000_000,
+    Preset("text-llama8b-l4-scaled", "text", LLAMA_8B, "L4", 10, 256, 256, 256,
            description="Ray's tutorial, text scale-up: 1,000,000 rows on 10 L4s"),
-    Preset("vision-qwen3b-l4", "vision", QWEN_VL_3B, "L4", 4, 16, 8192, 64, 10_000, max_num_seqs=64,
+    Preset("vision-qwen3b-l4", "vision", QWEN_VL_3B, "L4", 4, 16, 8192, 64, max_num_seqs=64,
            description="Ray's tutorial, captions: 10,000 images on 4 L4s"),
-    Preset("vision-qwen3b-l4-scaled", "vision", QWEN_VL_3B, "L4", 10, 16, 8192, 128, 1_000_000, max_num_seqs=64,
+    Preset("vision-qwen3b-l4-scaled", "vision", QWEN_VL_3B, "L4", 10, 16, 8192, 128, max_num_seqs=64,
            description="Ray's tutorial, captions scale-up: 1,000,000 images on 10 L4s"),
     # Bigger GPUs: more memory for KV cache, so more concurrent sequences per replica.
-    Preset("text-llama8b-a10g", "text", LLAMA_8B, "A10G", 4, 256, 256, 128, None),
-    Preset("text-llama8b-a100", "text", LLAMA_8B, "A100-80G", 4, 256, 1024, 128, None),
-    Preset("text-llama8b-h100", "text", LLAMA_8B, "H100", 8, 256, 1024, 256, None),
-    Preset("text-llama8b-h200", "text", LLAMA_8B, "H200", 8, 256, 2048, 256, None),
+    Preset("text-llama8b-a10g", "text", LLAMA_8B, "A10G", 4, 256, 256, 128),
+    Preset("text-llama8b-a100", "text", LLAMA_8B, "A100-80G", 4, 256, 1024, 128),
+    Preset("text-llama8b-h100", "text", LLAMA_8B, "H100", 8, 256, 1024, 256),
+    Preset("text-llama8b-h200", "text", LLAMA_8B, "H200", 8, 256, 2048, 256),
     # Models that need several GPUs per replica: tensor parallelism inside a node (NVLink),
     # pipeline parallelism across nodes.
-    Preset("text-llama70b-h100-tp4", "text", "meta-llama/Llama-3.1-70B-Instruct", "H100", 2, 128, 2048, 256, None,
+    Preset("text-llama70b-h100-tp4", "text", "meta-llama/Llama-3.1-70B-Instruct", "H100", 2, 128, 2048, 256,
            max_num_seqs=128, tensor_parallel_size=4, description="70B in 16-bit (~140 GB) over 4 H100s per replica"),
     Preset("text-llama70b-a100-fp8", "text", "meta-llama/Llama-3.1-70B-Instruct", "A100-80G", 2, 128, 1024, 256,
-           None, max_num_seqs=128, tensor_parallel_size=2, quantization="fp8", description="FP8 halves the weights: 2 GPUs per replica"),
+           max_num_seqs=128, tensor_parallel_size=2, quantization="fp8",
+           description="FP8 halves the weights: 2 GPUs per replica"),
     Preset("vision-llama90b-h100-tp8-pp2", "vision", "meta-llama/Llama-3.2-90B-Vision-Instruct", "H100", 1, 16,
-           8192, 128, None, max_num_seqs=64, tensor_parallel_size=8, pipeline_parallel_size=2,
+           8192, 128, max_num_seqs=64, tensor_parallel_size=8, pipeline_parallel_size=2,
            description="the 90B vision model of Ray's tutorial: 2 nodes x 8 H100, tp=8, pp=2"),
 ]}
 
@@ -358,7 +358,7 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
     return base.override(
         name=f"auto ({gpus}x{gpu_type})", accelerator_type=gpu_type, concurrency=replicas, tensor_parallel_size=tp,
         replicas_per_gpu=share,
-        max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks, limit=None,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks,
         max_concurrent_batches=max(base.max_concurrent_batches, in_flight),
         description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
 
@@ -572,6 +572,6 @@ def overview(task: str) -> list[dict[str, Any]]:
     return [{
         "preset": p.name, "model": p.model_source, "GPU": p.accelerator_type or "CPU", "replicas": p.concurrency,
         "GPUs per replica": p.gpus_per_replica, "batch": p.batch_size, "max_model_len": p.max_model_len,
-        "max_num_seqs": p.max_num_seqs, "blocks": p.num_blocks, "rows": f"{p.limit:,}" if p.limit else "all",
+        "max_num_seqs": p.max_num_seqs, "blocks": p.num_blocks,
         "about": p.description,
     } for p in PRESETS.values() if p.task == task]

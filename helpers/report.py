@@ -127,6 +127,10 @@ def _error_counts(errors: pd.DataFrame) -> tuple[int, int, int]:
             int(stages.get("postprocess", 0)))
 
 
+#: "the model answered" holds while at most this share of the rows sent (or one row) came back as engine errors.
+MAX_ENGINE_ERROR_SHARE = 0.1
+
+
 def _accounting(result, answered: int, errors: pd.DataFrame, what: str, ids_from_content: bool) -> dict:
     """The counts every run shares, and the checks behind "all ... accounted for".
 
@@ -150,8 +154,10 @@ def _accounting(result, answered: int, errors: pd.DataFrame, what: str, ids_from
         "row ids unique": unique,
         **({f"{what} identical to another (ids from content)": int(ids.duplicated().sum())}
            if ids_from_content and not unique else {}),
-        # Rows went to the model and none came back answered: a dead engine, not a good run.
-        "the model answered": answered > 0 or sent == 0,
+        f"at least one {what[:-1]} read": bool(read),
+        # Every row sent came back (the counts) and most were answered: an engine that dies after
+        # its first batch returns the rest as engine errors, and that is not a good run.
+        "the model answered": answered > 0 and engine_errors <= max(1, MAX_ENGINE_ERROR_SHARE * (sent or 0)),
     }
 
 
@@ -168,6 +174,7 @@ def run_summary(result, *, prediction_column: str, labels: Sequence[str], ids_fr
         "classified": len(predictions),
         "engine errors": base["engine errors"],
         **({"postprocess errors": base["postprocess errors"]} if base["postprocess errors"] else {}),
+        "at least one row read": base["at least one row read"],
         "all rows accounted for": base["all rows accounted for"],
         "row ids unique": base["row ids unique"],
         **{k: v for k, v in base.items() if k.endswith("(ids from content)")},
@@ -188,6 +195,7 @@ def caption_summary(result, *, ids_from_content: bool = False) -> dict:
         "rejected before the model": base["rejected before the model"],
         "engine errors": base["engine errors"],
         **({"postprocess errors": base["postprocess errors"]} if base["postprocess errors"] else {}),
+        "at least one image read": base["at least one image read"],
         "all images accounted for": base["all images accounted for"],
         "row ids unique": base["row ids unique"],
         **{k: v for k, v in base.items() if k.endswith("(ids from content)")},
@@ -205,8 +213,11 @@ ENTERED_NOW = "rows entering the pipeline in this run (Ray's count)"
 #: Summary entries that hold whatever the data, labels or model (what a project's checked cell prints).
 #: ("row ids unique" is not one: ids hashed from content are shared by identical rows; where ids must
 #: be unique, "accounted for" requires it.)
-INVARIANTS = ("all rows accounted for", "all images accounted for", "the model answered", "every prediction is a label",
-              "every rejected image has a reason")
+INVARIANTS = ("at least one row read", "at least one image read", "all rows accounted for", "all images accounted for",
+              "the model answered", "every prediction is a label", "every rejected image has a reason")
+#: The counts a run on known data can pin (the bundled sample's, in the notebooks' checked cell).
+COUNTS = ("rows read", "images read", "rejected before the model", "classified", "captioned", "engine errors",
+          "postprocess errors")
 
 
 def invariants(summary: dict) -> dict:
@@ -214,11 +225,32 @@ def invariants(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k in INVARIANTS}
 
 
+class RunCheckError(AssertionError):
+    """A finished run broke what must hold for any data and model; the message names each check."""
+
+
+def require(summary: dict, *, counts: bool = False) -> dict:
+    """The checks a run must pass (:func:`invariants`), and with ``counts`` its row counts (for known
+    data, whose counts the checked cell's saved output pins); raise :class:`RunCheckError` naming
+    every check that failed, with the numbers behind it."""
+    checks = invariants(summary)
+    failed = [k for k, v in checks.items() if v is not True]
+    if failed:
+        numbers = ", ".join(f"{k} {summary[k]}" for k in COUNTS if k in summary)
+        raise RunCheckError(f"this run failed its checks: {', '.join(failed)} ({numbers}). The errors table says why "
+                            f"rows failed; at most {MAX_ENGINE_ERROR_SHARE:.0%} of the rows sent (or one) may be engine errors.")
+    return {**({k: summary[k] for k in COUNTS if k in summary} if counts else {}), **checks}
+
+
 def save_summary(result, summary: dict, **extra) -> Path:
     """Write ``summary`` to ``summary.json`` in the output folder, with this run's timings and
-    counts and any ``extra`` entries; return the file."""
+    counts and any ``extra`` entries; return the file. Refused (:class:`helpers.outputs.ResultsMovedError`)
+    when a later run has since moved this run's results aside: a summary never describes files
+    that are not there."""
     import json
 
+    if getattr(result, "run", None) is not None:
+        result.run.check_current()
     t = result.throughput
     record = {**summary, ENTERED_NOW: result.rows_entered_now,
               "rows written in this run": result.rows_written_now, "pipeline seconds": round(t.seconds, 2),
@@ -229,6 +261,15 @@ def save_summary(result, summary: dict, **extra) -> Path:
     path = result.root / "summary.json"
     path.write_text(json.dumps(record, indent=2, default=str))
     return path
+
+
+def evaluation(truth: pd.Series, predicted: pd.Series, labels: Sequence[str]) -> dict:
+    """Accuracy and the per-label table as plain JSON for ``summary.json`` (what the report shows)."""
+    table = per_label_table(truth, predicted, labels)
+    per_label = {label: {k: (None if isinstance(v, float) and math.isnan(v) else round(float(v), 4) if isinstance(v, float)
+                             else int(v)) for k, v in row.items()} for label, row in table.iterrows()}
+    accuracy = table.loc["all", "recall"]
+    return {"accuracy": None if math.isnan(accuracy) else round(float(accuracy), 4), "per label": per_label}
 
 
 def format_summary(summary: dict) -> str:

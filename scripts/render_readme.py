@@ -43,13 +43,13 @@ PRESETS_BLOCK = re.compile(r"(<!-- presets -->\n)(?P<body>.*?)(<!-- /presets -->
 def presets_table() -> str:
     from helpers import presets
 
-    lines = ["| preset | model | GPU | replicas x GPUs each | batch | max_model_len | blocks | rows |",
+    lines = ["| preset | model | GPU | replicas x GPUs each | batch | max_model_len | blocks | about |",
              "|---|---|---|---|---|---|---|---|"]
     for task in ("text", "vision"):
         for row in presets.overview(task):
             lines.append(f"| `{row['preset']}` | {row['model']} | {row['GPU']} | {row['replicas']} x "
                          f"{row['GPUs per replica']} | {row['batch']} | {row['max_model_len']} | {row['blocks']} | "
-                         f"{row['rows']} |")
+                         f"{row['about']} |")
     return "\n".join(lines) + "\n"
 
 

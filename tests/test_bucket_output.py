@@ -59,10 +59,16 @@ def test_a_run_in_a_bucket_claims_the_folder_resumes_from_its_checkpoints_and_pu
     (resumed.root / "label_counts.png").write_bytes(b"png")
     message = resumed.publish()
     assert message.startswith(f"results in {uri}: 2 files") and {"summary.json", "label_counts.png"} <= keys(s3, "runs/text/")
-    fresh = outputs.prepare_output_dir(uri, resume=True, settings={"model": "other"})
-    assert fresh.message == "an interrupted run used other settings: starting fresh"
+    before = keys(s3, "runs/text/")
+    with pytest.raises(outputs.InterruptedRunError, match="model: 'm' -> 'other'"):
+        outputs.prepare_output_dir(uri, resume=True, settings={"model": "other"})
+    assert keys(s3, "runs/text/") == before  # nothing changed in the bucket
+    fresh = outputs.prepare_output_dir(uri, resume=True, settings={"model": "other"}, start_over=True)
+    assert fresh.message.startswith(f"starting fresh (the earlier results are kept in {uri}/earlier/")
     assert not any(k.startswith(("parts/", "checkpoint/")) for k in keys(s3, "runs/text/"))
     assert "summary.json" not in keys(s3, "runs/text/")  # an earlier run's derived files never pass for this run's
+    kept = {k.split("/", 2)[2] for k in keys(s3, "runs/text/") if k.startswith("earlier/") and k.count("/") >= 2}
+    assert {"parts/results/a.parquet", "checkpoint/results/a.parquet", "summary.json", "run.json"} <= kept
     s3.put_object(Bucket=BUCKET, Key="runs/training/model.ckpt", Body=b"weights")
     with pytest.raises(outputs.NotTheKitsFolderError, match="model.ckpt"):
         outputs.prepare_output_dir(f"s3://{BUCKET}/runs/training")

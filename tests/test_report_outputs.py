@@ -81,8 +81,8 @@ def test_run_summary_accounts_for_every_row():
     assert not twice["all rows accounted for"] and not twice["row ids unique"]
     uncounted = report.run_summary(result(predictions, errors, None), prediction_column="p", labels=LABELS)
     assert not uncounted["all rows accounted for"] and uncounted["rows read"].startswith("not counted")
-    assert report.invariants(s) == {"all rows accounted for": True, "the model answered": True,
-                                    "every prediction is a label": True}
+    assert report.invariants(s) == {"at least one row read": True, "all rows accounted for": True,
+                                    "the model answered": True, "every prediction is a label": True}
     assert report.format_summary({"a": 1, "long name": 2}) == "a:         1\nlong name: 2"
 
 
@@ -92,7 +92,7 @@ def test_caption_summary_and_its_invariants():
                            "reason": ["truncated file", "postprocess failed: KeyError: 'x'"]})
     s = report.caption_summary(result(captions, errors, 3))
     assert s["all images accounted for"] and s["postprocess errors"] == 1 and s["empty captions"] == 1
-    assert set(report.invariants(s)) == {"all images accounted for", "the model answered",
+    assert set(report.invariants(s)) == {"at least one image read", "all images accounted for", "the model answered",
                                          "every rejected image has a reason"}
 
 
@@ -108,8 +108,31 @@ def test_a_run_whose_every_row_failed_in_the_engine_does_not_read_as_success():
     assert report.caption_summary(result(pd.DataFrame({"row_id": [], "caption": []}), errors, 3))[
         "the model answered"] is False
     only_rejects = errors.assign(stage="rejected before the model")
-    assert report.run_summary(result(pd.DataFrame({"row_id": [], "p": []}), only_rejects, 3),
-                              prediction_column="p", labels=LABELS)["the model answered"]  # nothing was sent
+    assert not report.run_summary(result(pd.DataFrame({"row_id": [], "p": []}), only_rejects, 3),
+                                  prediction_column="p", labels=LABELS)["the model answered"]  # nothing was answered
+    with pytest.raises(report.RunCheckError, match="the model answered"):
+        report.require(dead)
+
+
+def test_the_checked_cell_fails_on_zero_rows_and_on_an_engine_that_died_after_its_first_batch():
+    empty = report.run_summary(result(pd.DataFrame({"row_id": [], "p": []}), pd.DataFrame(), 0),
+                               prediction_column="p", labels=LABELS)
+    assert empty["all rows accounted for"] and not empty["at least one row read"]  # 0 == 0 is not a run
+    with pytest.raises(report.RunCheckError, match="at least one row read.*rows read 0"):
+        report.require(empty)
+    # The first batch of 8 answered, then every row an engine error: each accounted for, most failed.
+    answered = pd.DataFrame({"row_id": [str(i) for i in range(8)], "p": ["A"] * 8})
+    died = pd.DataFrame({"row_id": [str(i) for i in range(8, 100)], "stage": "engine", "reason": "EngineDeadError"})
+    summary = report.run_summary(result(answered, died, 100), prediction_column="p", labels=LABELS)
+    assert summary["all rows accounted for"] and summary["the model answered"] is False
+    with pytest.raises(report.RunCheckError, match="the model answered.*engine errors 92"):
+        report.require(summary)
+    # A few engine errors (prompts over max_model_len) in a good run: it passes, and the counts are shown.
+    few = report.run_summary(result(answered, died.head(1), 9), prediction_column="p", labels=LABELS)
+    assert report.require(few, counts=True) == {
+        "rows read": 9, "rejected before the model": 0, "classified": 8, "engine errors": 1,
+        "at least one row read": True, "all rows accounted for": True, "the model answered": True,
+        "every prediction is a label": True}
 
 
 def test_identical_rows_with_ids_from_content_are_each_answered_and_accounted_for():
@@ -127,7 +150,7 @@ def test_identical_rows_with_ids_from_content_are_each_answered_and_accounted_fo
     assert not lost["all rows accounted for"]  # the counts still must add up
 
 
-def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
+def test_prepare_output_dir_moves_earlier_results_aside_and_deletes_nothing(tmp_path):
     out = tmp_path / "o"
     outputs.claim_output_dir(out)  # an earlier run's folder
     (out / outputs.PARTS / "classified").mkdir(parents=True)
@@ -136,9 +159,15 @@ def test_prepare_output_dir_removes_only_kit_artefacts(tmp_path):
     (out / "my_notes.txt").write_text("keep me")
     run = outputs.prepare_output_dir(str(out))
     assert run.root == out.resolve() and not run.resume
-    assert run.message == "starting fresh (replacing the results of an earlier run)"
+    assert run.message.startswith("starting fresh (the earlier results are kept in ")
+    (kept,) = (out / outputs.EARLIER).iterdir()
+    assert str(kept) in run.message
+    assert (kept / outputs.PARTS / "classified" / "old.parquet").read_text() == "x"
+    assert (kept / outputs.PREDICTIONS).read_text() == "old"
     assert not (out / outputs.PARTS).exists() and not (out / outputs.PREDICTIONS).exists()
     assert (out / "my_notes.txt").read_text() == "keep me"
+    again = outputs.prepare_output_dir(str(out))  # nothing new to move: the earlier folder stays as it is
+    assert again.message == "starting fresh" and len(list((out / outputs.EARLIER).iterdir())) == 1
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError):
         outputs.prepare_output_dir(str(tmp_path / "file"))
@@ -166,7 +195,7 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
     (legacy / outputs.PARTS).mkdir(parents=True)
     (legacy / outputs.RUN_FILE).write_text('{"fingerprint": "abc", "settings": {}}')
     outputs.prepare_output_dir(str(legacy))
-    assert not (legacy / outputs.PARTS).exists()
+    assert not (legacy / outputs.PARTS).exists() and len(list((legacy / outputs.EARLIER).glob("*/parts"))) == 1
 
 
 def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_counts_what_survived(tmp_path):
@@ -225,15 +254,43 @@ def test_resume_keeps_an_interrupted_runs_parts_with_the_same_settings(tmp_path)
     assert not (out / outputs.ERRORS).exists()  # derived tables are always rebuilt
 
 
-def test_resume_starts_fresh_with_other_settings_or_when_off(tmp_path):
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_an_interrupted_run_that_would_not_resume_stops_the_run_and_is_left_byte_for_byte(tmp_path):
     out = tmp_path / "o"
-    interrupted_run(out, {"model": "a"})
-    run = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "b"})
-    assert run.message == "an interrupted run used other settings: starting fresh"
+    interrupted_run(out, {"model": "a", "limit": 30, "request": {"messages": [{"content": "Classify."}]}})
+    before = _files(out)
+    changed = {"model": "b", "limit": 40, "request": {"messages": [{"content": "Classify, briefly."}]}}
+    with pytest.raises(outputs.InterruptedRunError) as stopped:
+        outputs.prepare_output_dir(str(out), resume=True, settings=changed)
+    message = str(stopped.value)
+    assert "2 rows finished" in message and "START_OVER=True" in message and "RESUME=True" in message
+    assert "model: 'a' -> 'b'" in message and "limit: 30 -> 40" in message
+    assert "request.messages[0].content: 'Classify.' -> 'Classify, briefly.'" in message
+    assert _files(out) == before  # nothing touched, not even run.json
+    with pytest.raises(outputs.InterruptedRunError, match="RESUME is False"):
+        outputs.prepare_output_dir(str(out), resume=False, settings={"model": "a"})
+    assert _files(out) == before
+    # Your explicit choice: start over; the interrupted run's files are kept, byte for byte.
+    run = outputs.prepare_output_dir(str(out), resume=True, settings=changed, start_over=True)
+    assert run.message.startswith("starting fresh (the earlier results are kept in") and run.rows_done == 0
+    (kept,) = (out / outputs.EARLIER).iterdir()
+    assert {k: v for k, v in before.items() if k.startswith((outputs.PARTS, outputs.CHECKPOINT))} == \
+        {k: v for k, v in _files(kept).items() if k.startswith((outputs.PARTS, outputs.CHECKPOINT))}
+    assert json.loads((kept / outputs.RUN_FILE).read_text())["settings"]["model"] == "a"  # how they were made
     assert not (out / outputs.PARTS).exists() and not (out / outputs.CHECKPOINT).exists()
-    interrupted_run(out, {"model": "a"})
-    outputs.prepare_output_dir(str(out), resume=False, settings={"model": "a"})
-    assert not (out / outputs.PARTS).exists()
+
+
+def test_results_in_memory_are_refused_once_a_later_run_moved_them(tmp_path):
+    out = tmp_path / "o"
+    first = outputs.prepare_output_dir(str(out), settings={"a": 1})
+    first.check_current()
+    (out / outputs.PREDICTIONS).write_text("rows")
+    outputs.prepare_output_dir(str(out), settings={"a": 1})
+    with pytest.raises(outputs.ResultsMovedError, match="Run the notebook from the 'Run the pipeline' cell down"):
+        first.check_current()
 
 
 def test_only_committed_checkpoints_count(tmp_path):
@@ -253,7 +310,7 @@ def test_an_emptied_checkpoint_folder_means_a_fresh_start(tmp_path):
     (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
     (out / outputs.PARTS / "classified").mkdir(parents=True)
     run = outputs.prepare_output_dir(str(out), resume=True, settings={"a": 1})
-    assert run.message.startswith("starting fresh") and not (out / outputs.PARTS).exists()
+    assert run.message.startswith("starting fresh (the earlier results are kept in") and not (out / outputs.PARTS).exists()
 
 
 def test_fingerprint_is_order_independent():
@@ -339,6 +396,7 @@ def test_an_edited_preprocess_starts_fresh_not_a_mix_of_old_and_new_answers(tmp_
     other = tmp_path / "other"
     interrupted_run(other, {"model": "a", "request": first})
     edited = outputs.describe_request(preprocess({"v": 0}, extra=" Be brief."))
-    run = outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
-    assert run.message == "an interrupted run used other settings: starting fresh"
+    with pytest.raises(outputs.InterruptedRunError, match=r"request\.messages\[0\]\.content\[0\]\.text: 'Describe\.' -> 'Describe\. Be brief\.'"):
+        outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
+    run = outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited}, start_over=True)
     assert json.loads((other / outputs.RUN_FILE).read_text())["settings"]["request"] == edited  # readable in run.json
