@@ -27,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers.errors import Explained
 from helpers.location import Location, check_reachable, write_or_explain
 
 PARTS = "parts"
@@ -180,11 +181,11 @@ def parquet_rows(path: Path | Location) -> int:
     return Location.of(path).parquet_rows()
 
 
-class ResultsMovedError(RuntimeError):
+class ResultsMovedError(Explained, RuntimeError):
     """The results a cell holds in memory are no longer in ``OUTPUT_DIR`` (a later run moved them)."""
 
 
-class NotTheKitsFolderError(FileExistsError):
+class NotTheKitsFolderError(Explained, FileExistsError):
     """``OUTPUT_DIR`` holds files the kit did not write: a run would remove folders by their names."""
 
 
@@ -284,7 +285,7 @@ def describe_request(request: Any) -> Any:
 EARLIER = "earlier"
 
 
-class InterruptedRunError(RuntimeError):
+class InterruptedRunError(Explained, RuntimeError):
     """``OUTPUT_DIR`` holds an interrupted run that this run would not resume (other settings, or
     ``RESUME=False``): the message names what changed and the two ways on. Nothing was changed."""
 

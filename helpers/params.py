@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from helpers import presets
+from helpers.errors import Explained
 
 
-class ParameterError(ValueError):
+class ParameterError(Explained, ValueError):
     """One or more notebook parameters are invalid; the message lists every problem."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from helpers import engine
+from helpers.errors import Explained
 from helpers.data import REJECT_REASON
 from helpers.location import Location
 from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, prepare_output_dir, read_parts, result_row
@@ -43,7 +44,7 @@ PROGRESS_ENV = "LLM_KIT_PROGRESS"
 OWNER_KEY = "llm_batch_kit.owner"
 
 
-class NotReadyError(RuntimeError):
+class NotReadyError(Explained, RuntimeError):
     """The run cell cannot start in this kernel's state; the message says which cell to run from."""
 
 
@@ -84,9 +85,11 @@ class Session:
     startup_timeout_s: float | None = 600  # the first results must be written within this (None: no limit)
     address: str | None = None  # the cluster joined (RAY_ADDRESS, or one running here); None: a local Ray
     batch_size: int = 0  # rows per engine batch: the rows of each block that enters the engine (0: as read)
-    #: The driver's Ray worker at the start: Ray's objects (and a dataset read in this Ray session)
-    #: belong to it; a Ray started again has another.
+    #: A token of this start, recorded in the datasets read after it (:data:`OWNER_KEY`).
     owner: str = ""
+    #: This driver's connection to Ray: its node and job (a Ray started again, or joined again, has
+    #: another pair; the driver's worker id stays the same).
+    connection: str = ""
 
     def check_ready(self, ds) -> None:
         """Raise :class:`NotReadyError`, saying which cell to run from, unless Ray is the one this session
@@ -99,7 +102,7 @@ class Session:
         if not ray.is_initialized():
             raise NotReadyError("Ray is not running: the Summary cell shuts it down to free the engine's memory. "
                                 "Run the notebook again from the 'Start Ray' cell down. Nothing in OUTPUT_DIR was touched.")
-        if ray.get_runtime_context().get_worker_id() != self.owner:
+        if _connection() != self.connection:
             raise NotReadyError("Ray was started again after the 'Start Ray' cell ran. Run the notebook again from the "
                                 "'Start Ray' cell down. Nothing in OUTPUT_DIR was touched.")
         built_in = ds.context.get_config(OWNER_KEY)
@@ -142,13 +145,23 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
     import ray
 
-    owner = ray.get_runtime_context().get_worker_id()
+    import uuid
+
+    owner = uuid.uuid4().hex
     ray.data.DataContext.get_current().set_config(OWNER_KEY, owner)  # datasets read from now on carry it
     return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
                    placement=engine.engine_placement(run_config.accelerator_type,
                                                      gpus_per_replica=run_config.gpus_per_replica or 1.0),
                    stage_cpus=stage_cpus, startup_timeout_s=startup_timeout_s, address=address,
-                   batch_size=run_config.batch_size, owner=owner)
+                   batch_size=run_config.batch_size, owner=owner, connection=_connection())
+
+
+def _connection() -> str:
+    """This driver's connection to Ray: the node and the job it runs as."""
+    import ray
+
+    context = ray.get_runtime_context()
+    return f"{context.get_node_id()}:{context.get_job_id()}"
 
 
 def _failure(what: str, exc: BaseException) -> str:
@@ -502,13 +515,9 @@ def _dashboard() -> str:
     return f"; each operator's progress: the Ray Dashboard, http://{url}" if url else ""
 
 
-class RunInterrupted(KeyboardInterrupt):
-    """The run was interrupted (Ctrl-C, Jupyter's stop button): one line says what is safe and how to go
-    on, instead of a hundred lines of Ray's and the kit's stack (IPython prints
-    ``_render_traceback_``'s lines in place of a traceback)."""
-
-    def _render_traceback_(self) -> list[str]:
-        return [f"KeyboardInterrupt: {self}"]
+class RunInterrupted(Explained, KeyboardInterrupt):
+    """The run was interrupted (Ctrl-C, Jupyter's stop button): one line says what is safe and how to
+    go on, instead of a hundred lines of Ray's and the kit's stack."""
 
 
 def _interrupted_message(out: RunOutputs, id_column: str | None) -> str:

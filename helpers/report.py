@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from helpers.errors import Explained
+
 
 def per_label_table(truth: pd.Series, predicted: pd.Series, labels: Sequence[str]) -> pd.DataFrame:
     """Support, correct answers, precision and recall for each label (plus an overall row)."""
@@ -225,7 +227,7 @@ def invariants(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k in INVARIANTS}
 
 
-class RunCheckError(AssertionError):
+class RunCheckError(Explained, AssertionError):
     """A finished run broke what must hold for any data and model; the message names each check."""
 
 

@@ -1,0 +1,191 @@
+"""The notebooks stepped through as a person does in Jupyter: a live kernel started in ``notebooks/``
+(as JupyterLab starts it), driven cell by cell through jupyter_client with ``allow_stdin`` on, as a
+frontend sends it. Each step asserts what the person sees (the run cell's output, one progress line
+updated in place, no logged progress, one-line interrupts) and what is on disk (rows each once,
+nothing deleted that a later cell reports).
+
+Text: run all; re-run the run cell after the summary (Ray is shut down); re-run "Start Ray" and the
+run cell (the dataset belongs to the old Ray); edit the parameters and re-run from there, interrupt
+the run cell after its first results, re-run it (resume), then the rest. Captioning: run all, then
+restart the kernel and run all.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import REPO
+from helpers import outputs
+
+pytestmark = pytest.mark.slow
+
+
+class Kernel:
+    """A live IPython kernel in ``notebooks/`` and the cells of one notebook."""
+
+    def __init__(self, notebook: str, parameters: dict):
+        from jupyter_client.manager import KernelManager
+
+        self.cells = [c for c in json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+                      if c["cell_type"] == "code"]
+        self.parameters = parameters
+        # Local sockets, as the kit's runner uses (TCP makes the kernel warn about plain text).
+        import tempfile
+
+        # An absolute socket path: the kernel runs in notebooks/, this process elsewhere.
+        sockets = Path(tempfile.mkdtemp(prefix="kit-kernel-")) / "kernel-ipc"
+        self.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets))
+        self.km.start_kernel(cwd=str(REPO / "notebooks"))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def source(self, index: int) -> str:
+        cell = self.cells[index]
+        text = "".join(cell["source"])
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            text += "\n" + "\n".join(f"{k} = {v!r}" for k, v in self.parameters.items())
+        return text
+
+    def index(self, needle: str) -> int:
+        (found,) = [i for i, c in enumerate(self.cells) if needle in "".join(c["source"])]
+        return found
+
+    def run(self, index: int, *, interrupt_when=None, timeout: float = 900) -> dict:
+        """Execute cell ``index`` as a frontend does; what the person sees: stdout, stderr, displays
+        (with their updates), the error."""
+        msg_id = self.kc.execute(self.source(index), allow_stdin=True)
+        seen = {"stdout": "", "stderr": "", "displays": [], "updates": 0, "error": None}
+        deadline, interrupted = time.monotonic() + timeout, False
+        while True:
+            assert time.monotonic() < deadline, f"cell {index} did not finish in {timeout} s"
+            if interrupt_when is not None and not interrupted and interrupt_when():
+                self.km.interrupt_kernel()
+                interrupted = True
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.5)
+            except queue.Empty:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "update_display_data":
+                seen["updates"] += 1
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if kind == "stream":
+                seen[content["name"]] += content["text"]
+            elif kind == "display_data":
+                seen["displays"].append(content)
+            elif kind == "error":
+                seen["error"] = content
+            elif kind == "status" and content["execution_state"] == "idle":
+                break
+        self.kc.get_shell_msg(timeout=60)
+        return seen
+
+    def run_all(self, start: int = 0, stop: int | None = None) -> dict[int, dict]:
+        seen = {}
+        for i in range(start, len(self.cells) if stop is None else stop):
+            seen[i] = self.run(i)
+            assert seen[i]["error"] is None, f"cell {i}: {seen[i]['error']}"
+        return seen
+
+    def restart(self) -> None:
+        self.km.restart_kernel(now=True)
+        self.kc.wait_for_ready(timeout=60)
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _assert_readable_run_cell(seen: dict, noun: str) -> None:
+    """One progress display, updated in place; no Ray progress logged; an output a person can read."""
+    assert "logging_progress" not in seen["stderr"] and "Total Progress" not in seen["stderr"], seen["stderr"][-2000:]
+    progress = [d for d in seen["displays"] if "starting the engine" in d["data"].get("text/plain", "")]
+    assert len(progress) == 1 and seen["updates"] >= 1, (seen["displays"], seen["updates"])
+    assert len(seen["stdout"]) + len(seen["stderr"]) < 4000, seen["stdout"] + seen["stderr"]
+    assert f"{noun} classified" in seen["stdout"] or f"{noun} captioned" in seen["stdout"]
+
+
+def test_text_notebook_stepped_through_in_a_live_kernel(tmp_path):
+    out = tmp_path / "results"
+    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 130})
+    try:
+        run_cell, start_ray, read = kernel.index("pipeline.run("), kernel.index("start_ray("), kernel.index("read_csv(")
+        # 1. Run all.
+        seen = kernel.run_all()
+        _assert_readable_run_cell(seen[run_cell], "rows")
+        assert "core_worker.cc" not in seen[run_cell]["stderr"] or "expected with Ray Data's actor stages" in \
+            seen[run_cell]["stdout"]  # Ray's red line, explained where it shows
+        first = pd.read_parquet(out / outputs.PREDICTIONS)
+        finished = _files(out)
+
+        # 2. Re-run the run cell after the summary (which shut Ray down): one sentence, nothing touched.
+        again = kernel.run(run_cell)
+        assert again["error"]["ename"] == "NotReadyError" and "'Start Ray' cell" in again["error"]["evalue"]
+        assert _files(out) == finished
+        # 3. "Start Ray" again, then the run cell: the dataset is the old Ray's.
+        assert kernel.run(start_ray)["error"] is None
+        stale = kernel.run(run_cell)
+        assert stale["error"]["ename"] == "NotReadyError" and "'Read the data' cell" in stale["error"]["evalue"]
+        assert _files(out) == finished
+
+        # 4. Edit the parameters and run from there; interrupt the run cell after its first results.
+        # Batches of 8, one at a time: results come in many small files, so the interrupt finds the run
+        # part-way (the layout is not a results setting: the resume below keeps it anyway).
+        kernel.parameters.update(LIMIT=129, BATCH_SIZE=8, MAX_CONCURRENT_BATCHES=1, NUM_BLOCKS=16)
+        kernel.run_all(kernel.index("INPUT_PATH = "), run_cell)
+        parts = out / outputs.PARTS
+
+        def first_results() -> bool:
+            return bool(outputs.committed_checkpoints(out / outputs.CHECKPOINT / "results"))
+
+        stopped = kernel.run(run_cell, interrupt_when=first_results)
+        assert stopped["error"]["ename"] == "RunInterrupted", stopped["error"]
+        (line,) = stopped["error"]["traceback"]  # one line, not Ray's and the kit's stack
+        assert "rows are safe" in line and "Run this cell again" in line
+        (earlier,) = (out / outputs.EARLIER).iterdir()  # the finished run of step 1, moved, not deleted
+        assert pd.read_parquet(earlier / outputs.PREDICTIONS).equals(first)
+        assert parts.is_dir()
+
+        # 5. Run the cell again: it resumes; then the rest of the notebook.
+        resumed = kernel.run(run_cell)
+        assert resumed["error"] is None and "resuming an interrupted run" in resumed["stdout"]
+        kernel.run_all(run_cell + 1)
+        rows = pd.concat([pd.read_parquet(out / outputs.PREDICTIONS), pd.read_parquet(out / outputs.ERRORS)])
+        assert len(rows) == 129 and rows["row_id"].is_unique
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["rows read"] == 129 and summary["all rows accounted for"] and summary["accuracy"] is not None
+    finally:
+        kernel.close()
+
+
+def test_captioning_notebook_run_all_then_restart_and_run_all(tmp_path):
+    out = tmp_path / "results"
+    kernel = Kernel("vlm_captioning", {"OUTPUT_DIR": str(out)})
+    try:
+        run_cell = kernel.index("pipeline.run(")
+        seen = kernel.run_all()
+        _assert_readable_run_cell(seen[run_cell], "images")
+        first = _files(out)
+        assert (out / "captions.png").is_file()
+        kernel.restart()
+        kernel.run_all()
+        (earlier,) = (out / outputs.EARLIER).iterdir()
+        moved = {k: v for k, v in first.items() if k.startswith((outputs.PARTS, "captions", "errors", "summary"))}
+        assert moved and all(_files(earlier).get(k) == v for k, v in moved.items())  # kept byte for byte
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["images read"] == 24 and summary["all images accounted for"]
+    finally:
+        kernel.close()
