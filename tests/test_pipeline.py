@@ -373,3 +373,97 @@ def test_a_headless_run_logs_its_progress_outside_the_report(tmp_path):
     assert log.getvalue() == ""
     assert pipeline._progress_line(2.0, 100, None, 5.0, 60) == \
         "[llm-batch-kit] 2.0 min: 100 rows written, 5.0 rows/s over the last 60 s"
+
+
+def _stand_in_processor(engine_cls, batch_size: int = 8):
+    """A processor of the kit's shape around ``engine_cls`` (an actor stage, as Ray Data LLM's engine)."""
+    guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
+    answer = pipeline.guard_postprocess(lambda r: {"label": "A"}, carry=["id"])
+
+    def processor(rows):
+        return rows.map(lambda r: {**r, **guarded(r)}).map_batches(engine_cls, concurrency=1, batch_size=batch_size).map(
+            lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
+            else {**answer(r), INFERENCE_ERROR: ""})
+
+    return processor
+
+
+@pytest.mark.slow
+def test_limit_runs_the_first_rows_of_the_input_even_when_the_first_file_arrives_last(tmp_path):
+    """Ray's limit keeps the first rows to arrive: with the first file's blocks made slow, a LIMIT=25
+    run took rows of the later files. data.first_rows keeps the input's order: the first 25 ids,
+    and the ids checked and the sample taken are those rows."""
+    import ray
+
+    from helpers import data
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name, start in (("a.csv", 0), ("b.csv", 20), ("c.csv", 40), ("d.csv", 60)):
+        pd.DataFrame({"id": [f"{i:03d}" for i in range(start, start + 20)], "text": ["x"] * 20}).to_csv(
+            folder / name, index=False)
+    def slow_first_file(batch):  # the step right after the read, 4 s slower for the first file's blocks
+        if (batch["id"] < "020").any():
+            time.sleep(4)
+        return batch.assign(**{REJECT_REASON: ""})
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        def read():
+            return ray.data.read_csv(str(folder), override_num_blocks=8, convert_options=data.string_columns("id")
+                                     ).map_batches(slow_first_file, batch_format="pandas")
+
+        first_25 = [f"{i:03d}" for i in range(25)]
+        assert sorted(r["id"] for r in read().limit(25).take_all()) != first_25  # Ray's own limit: what came first
+        ds = data.first_rows(read(), 25)
+        sample = data.check_and_sample(ds, "id", sample=10)
+        assert [r["id"] for r in sample] == first_25[:10]
+
+        class Engine:
+            def __call__(self, batch):
+                return batch
+
+        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                                   stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+        result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
+                              id_column="id", answered_name="predictions.parquet", limit=25)
+        assert sorted(result.answered["id"]) == first_25
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(tmp_path):
+    """With should_continue_on_error, a dead engine returns every later row as an engine error: each row
+    is accounted for, and the old checks printed True. The checked cell's require() now fails."""
+    import ray
+
+    from helpers import report
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    try:
+        ds = ray.data.from_items([{"id": str(i), "text": "x", REJECT_REASON: ""} for i in range(64)],
+                                 override_num_blocks=8)
+
+        class Engine:  # answers its first batch, then every request fails as vLLM's dead engine does
+            def __init__(self):
+                self.batches = 0
+
+            def __call__(self, batch):
+                self.batches += 1
+                if self.batches > 1:
+                    batch[INFERENCE_ERROR] = ["EngineDeadError: EngineCore encountered an issue"] * len(batch["id"])
+                return batch
+
+        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
+        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                                   stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+        result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
+                              id_column=None, answered_name="predictions.parquet", expected_rows=64)
+        summary = report.run_summary(result, prediction_column="label", labels=["A"])
+        assert (summary["classified"], summary["engine errors"], summary["all rows accounted for"]) == (8, 56, True)
+        with pytest.raises(report.RunCheckError, match="the model answered"):
+            report.require(summary)
+    finally:
+        ray.shutdown()
