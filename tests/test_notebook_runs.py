@@ -6,6 +6,7 @@ scripts/run_notebooks.py, the same path as the job, and assert on what the run w
 
 import json
 import time
+from pathlib import Path
 
 import pandas as pd
 import papermill
@@ -50,10 +51,9 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
     }).to_csv(csv, index=False)
     out = runner.run("text_classification", tmp_path / "results", {
         "INPUT_PATH": str(csv), "TEXT_COLUMN": "name", "ID_COLUMN": None, "LABEL_COLUMN": "truth",
-        # One read block: Ray's limit takes the first blocks to arrive, so with several blocks which 10 of
-        # the 13 rows are read is not fixed (CI once read a set with one blank). The kit still cuts the
-        # rows into blocks of BATCH_SIZE before the engine.
-        "LIMIT": 10, "NUM_BLOCKS": 1, "BATCH_SIZE": 4, "TOKENIZE_STAGE": True,  # Ray's stage, as on a GPU
+        # LIMIT is the first 10 rows in file order, whatever the blocks (Ray's own limit took the first
+        # blocks to arrive: CI once read a set with one blank).
+        "LIMIT": 10, "NUM_BLOCKS": 5, "BATCH_SIZE": 4, "TOKENIZE_STAGE": True,  # Ray's stage, as on a GPU
     })
     for name in ("text_classification.ipynb", "text_classification.html", "predictions.parquet",
                  "errors.parquet", "confusion_matrix.png", "label_counts.png", "summary.json"):
@@ -77,7 +77,7 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
     for report_file in ("text_classification.html", "text_classification.ipynb", "summary.json"):
         assert "hf_kit_test_secret_4242" not in (out / report_file).read_text()
 
-    # A second run into the same folder replaces the first run's results instead of adding to them.
+    # A second run into the same folder moves the first run's results to earlier/ instead of adding to them.
     # It tokenizes inside vLLM (the CPU default): the same rows send the same prompt tokens either way.
     runner.run("text_classification", tmp_path / "results", {
         "INPUT_PATH": str(csv), "TEXT_COLUMN": "name", "ID_COLUMN": None, "LABEL_COLUMN": None, "LIMIT": 4,
@@ -88,6 +88,18 @@ def test_text_notebook_on_any_csv_with_overrides(runner, tmp_path, monkeypatch):
     digests = predictions.drop_duplicates("row_id").set_index("row_id")["request_digest"]  # identical rows: one
     assert len(again) == 3 and again["request_digest"].tolist() == digests[again["row_id"]].tolist()
     assert not (out / "confusion_matrix.png").exists()
+    (kept,) = (out / "earlier").iterdir()
+    assert pd.read_parquet(kept / "predictions.parquet").equals(predictions)  # nothing deleted
+
+
+def _failed_in_the_check_cell(err, out: Path) -> str:
+    """The error, after asserting it came from the notebook's first check, before the model or Ray."""
+    executed = json.loads((out / f"{out.name}.ipynb").read_text())
+    failed = [c for c in executed["cells"] if c["cell_type"] == "code" and any(
+        o.get("output_type") == "error" for o in c.get("outputs", []))]
+    assert len(failed) == 1 and "".join(failed[0]["source"]).startswith("source = "), failed
+    assert err.value.ename == "ParameterError"
+    return err.value.evalue
 
 
 @pytest.mark.slow
@@ -97,7 +109,58 @@ def test_missing_column_fails_fast_naming_the_columns(runner, tmp_path):
     with pytest.raises(papermill.PapermillExecutionError) as err:
         runner.run("text_classification", tmp_path / "results", {"INPUT_PATH": str(csv), "ID_COLUMN": None,
                                                                    "LABEL_COLUMN": None})
-    assert "has no column 'Company'" in str(err.value) and "'first', 'employer'" in str(err.value)
+    message = _failed_in_the_check_cell(err, tmp_path / "results" / "text_classification")
+    assert "TEXT_COLUMN='Company' is not a column of" in message and "'first', 'employer'" in message
+
+
+def test_bad_inputs_and_outputs_stop_both_notebooks_before_the_model_with_every_problem(runner, tmp_path):
+    """INPUT_PATH was resolved after the model's conversion and Ray's start; a wrong parquet ID_COLUMN
+    surfaced as Ray's error, ID_COLUMN on a webdataset was ignored; a folder that is not the kit's was
+    refused only after a pass over the ids. Now the first cell after the parameters names them all."""
+    training = tmp_path / "training"
+    training.mkdir()
+    (training / "model.ckpt").write_text("weights")
+    csv = tmp_path / "customers.csv"
+    pd.DataFrame({"Customer Id": ["c1"], "Company": ["IBM"]}).to_csv(csv, index=False)
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "text", {"INPUT_PATH": str(tmp_path / "missing.csv"),
+                                                             "OUTPUT_DIR": str(training)})
+    message = _failed_in_the_check_cell(err, tmp_path / "text" / "text_classification")
+    assert "missing.csv" in message and "does not exist" in message and "not written by this kit" in message
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "text2", {"INPUT_PATH": str(csv), "ID_COLUMN": "customer_id",
+                                                              "LABEL_COLUMN": None})
+    assert "ID_COLUMN='customer_id' is not a column of" in _failed_in_the_check_cell(err, tmp_path / "text2" / "text_classification")
+    # Captioning: ID_COLUMN on the bundled webdataset sample, a folder that is not the kit's.
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("vlm_captioning", tmp_path / "caption", {"ID_COLUMN": "id", "OUTPUT_DIR": str(training)})
+    message = _failed_in_the_check_cell(err, tmp_path / "caption" / "vlm_captioning")
+    assert "ID_COLUMN='id' applies to parquet input only; this input is webdataset" in message
+    assert "not written by this kit" in message
+    parquet = tmp_path / "images.parquet"
+    pd.DataFrame({"key": ["a"], "image": [b"not an image"]}).to_parquet(parquet)
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("vlm_captioning", tmp_path / "caption2", {"INPUT_PATH": str(parquet), "ID_COLUMN": "id"})
+    message = _failed_in_the_check_cell(err, tmp_path / "caption2" / "vlm_captioning")
+    assert "ID_COLUMN='id' is not a column of" in message and "'key', 'image'" in message
+    assert (training / "model.ckpt").read_text() == "weights" and sorted(p.name for p in training.iterdir()) == [
+        "model.ckpt"]
+
+
+@pytest.mark.slow
+def test_a_latin1_csv_is_answered_row_for_row(runner, tmp_path):
+    """A customers file saved by a Windows spreadsheet (cp1252, accented names) stopped with Ray's raw
+    'Failed to read CSV file'. Its encoding is detected; every row is read and answered."""
+    names = ["Société Générale", "Nestlé", "Zürich Versicherung", "Müller GmbH", "Café Rouge", "Walmart",
+             "L'Oréal", "Crédit Agricole", "Señor Frog’s", "Pfizer"]
+    csv = tmp_path / "kunden.csv"
+    csv.write_bytes(pd.DataFrame({"Customer Id": [f"k{i}" for i in range(10)], "Company": names}).to_csv(
+        index=False).encode("cp1252"))
+    out = runner.run("text_classification", tmp_path / "results", {"INPUT_PATH": str(csv), "LABEL_COLUMN": None})
+    predictions = pd.read_parquet(out / "predictions.parquet")
+    assert sorted(predictions["Company"]) == sorted(names) and predictions["Customer Id"].is_unique
+    assert json.loads((out / "summary.json").read_text())["rows read"] == 10
+    assert "(cp1252;" in (out / "text_classification.html").read_text()  # the check cell says what it read
 
 
 @pytest.mark.slow
