@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import papermill
 import psutil
 import pytest
 
@@ -63,7 +64,18 @@ def test_text_run_with_a_limit_resumes_after_kill_with_exact_once_rows(tmp_path)
     done_before = committed_ids(out / "checkpoint" / "results")
     assert 0 < len(done_before) < limit
 
-    load_script("run_notebooks").run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8, "LIMIT": limit})
+    # A changed setting (a touched TEMPERATURE) stops the re-run before the pipeline, saying what
+    # changed; the interrupted run's files stay byte for byte (they were deleted with one printed line).
+    runner = load_script("run_notebooks")
+    kept = {p: p.read_bytes() for p in sorted((out / "checkpoint").rglob("*")) + sorted((out / "parts").rglob("*"))
+            if p.is_file()}
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8, "LIMIT": limit, "TEMPERATURE": 0.5})
+    assert err.value.ename == "InterruptedRunError" and "sampling_params.temperature: 0.0 -> 0.5" in err.value.evalue
+    assert f"{len(done_before)} rows finished" in err.value.evalue
+    assert {p: p.read_bytes() for p in kept} == kept and committed_ids(out / "checkpoint" / "results") == done_before
+
+    runner.run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8, "LIMIT": limit})
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"].startswith("resuming an interrupted run")
     assert summary["rows written in this run"] == limit - len(done_before)
