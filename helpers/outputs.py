@@ -41,7 +41,7 @@ PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
 #: Derived files a run writes at the end; every run rewrites them.
 DERIVED = (PREDICTIONS, ERRORS, "summary.json", "confusion_matrix.png", "label_counts.png",
-           "captions.parquet", "captions.png")
+           "captions.parquet", "captions.png", "ray_stats.txt")
 
 
 def fingerprint(settings: Mapping[str, Any]) -> str:

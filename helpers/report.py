@@ -280,6 +280,55 @@ def format_summary(summary: dict) -> str:
     return "\n".join(f"{k + ':':<{width + 1}} {v}" for k, v in summary.items())
 
 
+def _drawable_characters():
+    """A test for whether the charts' font has a glyph for a character (else it draws a box: tofu)."""
+    from functools import lru_cache
+
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
+
+    @lru_cache(maxsize=None)
+    def has(ch: str) -> bool:
+        return ch.isprintable() and font.get_char_index(ord(ch)) != 0
+
+    return has
+
+
+def readable_caption(caption: str, drawable=None) -> str:
+    """``caption`` as the chart can draw it. An untrained model (the offline one) emits arbitrary
+    tokens: characters no installed font has, and U+FFFD for broken bytes, which drew as boxes
+    and read as an encoding bug. Such characters become a middle dot; a caption made mostly of them
+    is replaced by a note saying so."""
+    drawable = drawable or _drawable_characters()
+    shown = "".join(ch if ch != "\ufffd" and drawable(ch) else "·" for ch in caption)
+    if caption and shown.count("·") > len(caption) / 2:
+        return f"({len(caption)} characters, most without a glyph in the chart's font: see the captions table)"
+    return shown
+
+
+def stage_table(stats: str, path: Path | None = None) -> pd.DataFrame:
+    """One row per stage of Ray's execution statistics (``RunResult.stats``): its tasks, rows out and
+    wall time, slowest first (the stage with the largest wall time is the bottleneck); the full text,
+    ~15 lines a stage, goes to ``path``."""
+    import re
+
+    if path is not None:
+        path.write_text(stats)
+    rows = []
+    for block in re.split(r"\n(?=Operator \d+ )", stats):
+        head = re.match(r"Operator \d+ (.+?): (\d+) tasks executed, \d+ blocks produced in ([\d.]+)(ms|s)", block)
+        if not head:
+            continue
+        name, tasks, took, unit = head.groups()
+        out = re.search(r"Output num rows per block: .*?, (\d+) total", block)
+        rows.append({"stage": name, "tasks": int(tasks), "rows out": int(out.group(1)) if out else None,
+                     "wall time (s)": round(float(took) / (1000 if unit == "ms" else 1), 2)})
+    table = pd.DataFrame(rows, columns=["stage", "tasks", "rows out", "wall time (s)"])
+    return table.sort_values("wall time (s)", ascending=False).set_index("stage")
+
+
 def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None = None, columns: int = 4,
                     wrap: int = 32):
     """A grid of images, each with a bold title and a wrapped caption under it.
@@ -292,17 +341,17 @@ def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None 
     import matplotlib.pyplot as plt
     import numpy as np
 
-    # Untrained models emit characters no installed font has; one warning per glyph is noise.
+    # Characters without a glyph are replaced (readable_caption); any left would warn once per glyph.
     warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
 
     rows = max(1, -(-len(items) // columns))
     fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 4.0 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
+    drawable = _drawable_characters()
     for ax, (image, title, caption) in zip(axes.flat, items):
         ax.imshow(np.asarray(image))
-        # Untrained models emit arbitrary bytes: show unprintable characters as a middle dot.
-        caption = "".join(ch if ch.isprintable() else "·" for ch in caption)
+        caption = readable_caption(caption, drawable)
         short = caption if len(caption) <= 4 * wrap else caption[: 4 * wrap - 1] + "…"
         # Captions and file names are shown as written: "$...$" in them is text, not math.
         ax.set_title(title, fontsize=9, fontweight="bold", parse_math=False)

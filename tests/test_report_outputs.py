@@ -400,3 +400,30 @@ def test_an_edited_preprocess_starts_fresh_not_a_mix_of_old_and_new_answers(tmp_
         outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
     run = outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited}, start_over=True)
     assert json.loads((other / outputs.RUN_FILE).read_text())["settings"]["request"] == edited  # readable in run.json
+
+
+STATS = """Operator 1 ReadCSV->SplitBlocks(8): 1 tasks executed, 8 blocks produced in 4.09s
+* Remote wall time: 197.99us min, 249.66ms max, 32.41ms mean, 259.25ms total
+* Output num rows per block: 38 min, 39 max, 38 mean, 309 total
+
+Operator 2 MapBatches(vLLMEngineStageUDF): 4 tasks executed, 5 blocks produced in 18.18s
+* Output num rows per block: 38 min, 39 max, 38 mean, 307 total
+
+Operator 3 MapBatches(ChatTemplateUDF): 4 tasks executed, 4 blocks produced in 240.5ms
+"""
+
+
+def test_the_throughput_section_shows_one_row_per_stage_slowest_first_and_keeps_rays_text(tmp_path):
+    table = report.stage_table(STATS, tmp_path / "ray_stats.txt")
+    assert list(table.index) == ["MapBatches(vLLMEngineStageUDF)", "ReadCSV->SplitBlocks(8)", "MapBatches(ChatTemplateUDF)"]
+    assert table.loc["MapBatches(vLLMEngineStageUDF)", "rows out"] == 307
+    assert table.loc["MapBatches(ChatTemplateUDF)", "wall time (s)"] == 0.24
+    assert (tmp_path / "ray_stats.txt").read_text() == STATS
+    assert report.stage_table("(no statistics: ...)").empty
+
+
+def test_captions_draw_without_tofu():
+    assert report.readable_caption("Bjørn’s café, 10 €") == "Bjørn’s café, 10 €"
+    assert report.readable_caption("a dog\ufffd") == "a dog·"  # a broken byte is not drawn as a box
+    noise = report.readable_caption("\U0001d400\ufffd\U000e0001\ufffd x")
+    assert noise.startswith("(6 characters, most without a glyph")
