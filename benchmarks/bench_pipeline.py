@@ -593,6 +593,8 @@ def kv_report(raw_tokens: list[int], kit_tokens: list[int], config, raw_config, 
             estimate = presets.kv_cache_estimate(shape, memory, c.memory_share, c.tensor_parallel_size)
             tokens = estimate / shape.kv_bytes_per_token * c.tensor_parallel_size
             line += f"; the kit estimates {tokens:,.0f} ({estimate / shapes.GIB:.1f} GiB)"
+            if side == "kit" and c.kv_cache_budget is not None:
+                line += f" and states {c.kv_cache_budget / shapes.GIB:.2f} GiB to each engine (kv_cache_memory_bytes)"
             if reported:
                 line += f", {min(reported) / tokens:.2f}x to {max(reported) / tokens:.2f}x of it reported"
         parts.append(line)

@@ -9,6 +9,7 @@ new one, and an unknown field is an error that lists the valid ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,9 @@ class Preset:
     #: The engine's weight and activation type; None: vLLM's "auto" (the checkpoint's, bfloat16 here)
     #: on GPUs, and on a CPU what that CPU computes fastest (:func:`cpu_dtype`), decided in :func:`select`.
     dtype: str | None = None
+    #: The GPU's memory in GiB as measured (``"auto"`` on a local GPU); None: the known type's
+    #: (:data:`GPUS`). Sizes the KV cache of replicas that share a GPU (:attr:`kv_cache_budget`).
+    gpu_memory_gib: float | None = None
     description: str = ""
     #: For presets chosen by ``"auto"``: (field, why this value) pairs, shown in the settings table.
     reasons: tuple[tuple[str, str], ...] = ()
@@ -110,6 +114,32 @@ class Preset:
             return self.gpu_memory_utilization
         return math.floor(100 * self.gpu_memory_utilization / self.replicas_per_gpu - 1) / 100
 
+    @property
+    def kv_cache_budget(self) -> int | None:
+        """Bytes of KV cache each engine gets where replicas share a GPU (vLLM's
+        ``kv_cache_memory_bytes``): the kit's estimate (:func:`kv_cache_estimate`) for this engine's
+        memory share; None with one engine per GPU, on a CPU, or where the model's size or the
+        GPU's memory is unknown (vLLM then sizes its cache by profiling, as it does alone).
+
+        Why: vLLM sizes its KV cache from the GPU's free memory as seen before and after its own
+        profiling run (``determine_available_memory``; the NVML-level free memory, the whole
+        device's). Engines that start together on one GPU load their weights and profile at the same
+        time, so each counts what the others allocate meanwhile as its own overhead and keeps a
+        smaller cache: on the H100 (8B shape), two engines started at once took 53 GiB in all where
+        two started one after the other took 72 GiB; with three, an engine can find no memory left
+        for a cache at all. A stated budget skips that measurement: every engine gets the same cache,
+        however the starts overlap."""
+        if not self.accelerator_type or self.replicas_per_gpu == 1:
+            return None
+        known = GPUS.get(self.accelerator_type)
+        memory = self.gpu_memory_gib or (known.memory_gib if known else None)
+        shape = _budget_shape(self.model_source, self.task)
+        if memory is None or shape is None:
+            return None
+        budget = kv_cache_estimate(shape, memory, self.memory_share, self.tensor_parallel_size)
+        mib = int(budget // 2**20)
+        return mib * 2**20 if mib > 0 else None
+
     def override(self, **changes: Any) -> Preset:
         """A copy with ``changes``; unknown field names fail, listing the valid ones."""
         valid = {f.name for f in dataclasses.fields(self)}
@@ -127,6 +157,8 @@ class Preset:
                                   "disable_log_stats": True}
         if self.accelerator_type:
             kwargs["gpu_memory_utilization"] = self.memory_share
+        if (budget := self.kv_cache_budget) is not None:  # replicas that share a GPU: a stated KV cache
+            kwargs["kv_cache_memory_bytes"] = budget
         if self.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = self.tensor_parallel_size
         if self.pipeline_parallel_size > 1:
@@ -152,6 +184,37 @@ def _random_weights(model_source: str | None) -> bool:
         return False
 
     return bool(random_weights_of(model_source)) or has_random_weights(Path(model_source).expanduser())
+
+
+def _budget_shape(model_source: str | None, task: str) -> Any:
+    """The shape a KV-cache budget is computed from: the folder vLLM will load where it exists (a
+    ``random-weights:`` model the kit built, the offline model, a local folder), else the named
+    model's shape (:func:`helpers.shapes.model_shape`; None where unknown)."""
+    from pathlib import Path
+
+    from helpers import models
+    from helpers.shapes import model_shape, random_weights_of
+
+    if not model_source:
+        return None
+    if model_source == models.OFFLINE:
+        folder = models.cache_root() / (models.SMOLLM2_DIRNAME if task == "text" else models.TINY_VLM_DIRNAME)
+        return model_shape(str(folder)) if models.is_complete(folder) else None
+    if shaped := random_weights_of(model_source):
+        folder = models.cache_root() / models.RANDOM_WEIGHTS_DIRNAME / shaped.split("/")[-1]
+        if models.is_complete(folder):  # the vocabulary the kit gave it (smaller than the published one)
+            return model_shape(str(folder))
+    if Path(model_source).expanduser().is_dir():
+        return model_shape(str(Path(model_source).expanduser()))
+    return _named_shape(model_source)
+
+
+@functools.lru_cache(maxsize=32)
+def _named_shape(model: str) -> Any:
+    """:func:`helpers.shapes.model_shape` of a model id, once per process (it may ask the hub)."""
+    from helpers.shapes import model_shape
+
+    return model_shape(model)
 
 
 #: Why a preset asks for a step size at all (shown in the settings table).
@@ -357,7 +420,7 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
     reasons["num_blocks"] = f"at least 4 per replica, and the {base.name} preset's {base.num_blocks}"
     return base.override(
         name=f"auto ({gpus}x{gpu_type})", accelerator_type=gpu_type, concurrency=replicas, tensor_parallel_size=tp,
-        replicas_per_gpu=share,
+        replicas_per_gpu=share, gpu_memory_gib=cluster.get("gpu_memory_gib"),
         max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks,
         max_concurrent_batches=max(base.max_concurrent_batches, in_flight),
         description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
@@ -557,11 +620,18 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
     if preset.replicas_per_gpu > 1:
         why.setdefault("gpu_memory_utilization", f"{preset.gpu_memory_utilization} of the GPU shared by "
                                                  f"{preset.replicas_per_gpu} replicas, less 0.01 each for its CUDA context")
+    if preset.kv_cache_budget is not None:
+        why.setdefault("kv_cache_memory_bytes", f"the kit's estimate of {preset.kv_cache_budget / 2**30:.1f} GiB for each of "
+                                                f"the {preset.replicas_per_gpu} engines that share a GPU: vLLM's own "
+                                                "measurement counts the other engines' memory when they start together")
     engine = {"max_num_seqs": preset.max_num_seqs, "max_num_batched_tokens": preset.step_tokens, "dtype": preset.dtype,
               "gpu_memory_utilization": preset.memory_share if preset.accelerator_type else None,
+              "kv_cache_memory_bytes": preset.kv_cache_budget,
               "tensor_parallel_size": preset.tensor_parallel_size,
               "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization}
     for field, value in engine.items():
+        if field == "kv_cache_memory_bytes" and value is None:  # vLLM measures it (one engine per GPU, a CPU)
+            continue
         rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
                      "why": why.get(field, "")})
     return rows

@@ -433,3 +433,57 @@ def test_the_kv_cache_estimate_is_the_memory_share_less_activations_and_weights(
     estimate = presets.kv_cache_estimate(shape, 80, 0.9)
     assert estimate == pytest.approx(80 * shapes.GIB * 0.9 * 0.9 - shape.parameters * 2)
     assert presets.kv_cache_estimate(shape, 80, 0.44) < estimate / 2
+
+
+def test_replicas_that_share_a_gpu_get_a_stated_kv_cache(tmp_path):
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
+    shape = shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]
+    # Two (or three) engines on one GPU: each gets the kit's estimate for its share, not what vLLM
+    # would measure while the other engines load (that counts their memory as its own).
+    for share, memory_share in ((2, 0.44), (3, 0.29)):
+        p = presets.select("auto", "text", cluster=h100, replicas_per_gpu=share)
+        kwargs = p.engine_kwargs()
+        expected = presets.kv_cache_estimate(shape, 79.2, memory_share)
+        assert kwargs["gpu_memory_utilization"] == memory_share
+        assert expected - 2**20 < kwargs["kv_cache_memory_bytes"] <= expected
+        assert kwargs["kv_cache_memory_bytes"] % 2**20 == 0
+        rows = {r["parameter"]: r for r in presets.describe(p, {"REPLICAS_PER_GPU": share})}
+        assert f"{share} engines that share a GPU" in rows["kv_cache_memory_bytes"]["why"]
+    # One engine per GPU, a CPU, an unknown model: vLLM measures its cache itself, as alone it can.
+    one = presets.select("auto", "text", cluster=h100, replicas_per_gpu=1)
+    assert "kv_cache_memory_bytes" not in one.engine_kwargs() and one.kv_cache_budget is None
+    assert "kv_cache_memory_bytes" not in {r["parameter"] for r in presets.describe(one, {})}
+    assert PRESETS["text-cpu-offline"].kv_cache_budget is None
+    assert presets.select("auto", "text", cluster=h100, replicas_per_gpu=2,
+                          model_source=str(tmp_path / "no-such-model")).kv_cache_budget is None
+    # A named preset with a shared GPU uses the type's memory.
+    named = presets.select("text-llama8b-h100", "text", replicas_per_gpu=2)
+    assert named.kv_cache_budget == pytest.approx(presets.kv_cache_estimate(shape, 80, 0.44), abs=2**20)
+
+
+def test_the_budget_is_sized_for_the_folder_vllm_loads(tmp_path):
+    # A local folder (and so the random-weights folder the kit builds, with its smaller vocabulary):
+    # its own config, not the published model's.
+    config = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "intermediate_size": 14336, "vocab_size": 49152, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
+    p = presets.select("auto", "text", cluster=h100, replicas_per_gpu=2, model_source=str(tmp_path))
+    shape = shapes.ModelShape.from_config(config)
+    assert p.kv_cache_budget == pytest.approx(presets.kv_cache_estimate(shape, 79.2, 0.44), abs=2**20)
+    published = presets.kv_cache_estimate(shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"], 79.2, 0.44)
+    assert p.kv_cache_budget > published  # ~0.6B fewer weights: more room for the cache
+
+
+def test_vllm_and_rays_engine_stage_take_the_kv_cache_budget():
+    # vLLM 0.26 (the GPU stack) and 0.29 (this one) both have kv_cache_memory_bytes; Ray's engine
+    # stage passes engine_kwargs on to vllm.AsyncEngineArgs unchanged.
+    import dataclasses
+    from types import SimpleNamespace
+
+    from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMEngineStageUDF
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    assert "kv_cache_memory_bytes" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    kwargs = {"kv_cache_memory_bytes": 3 * 2**30, "gpu_memory_utilization": 0.44}
+    assert vLLMEngineStageUDF.normalize_engine_kwargs(SimpleNamespace(model="m"), kwargs) == kwargs
