@@ -14,6 +14,10 @@
 #   bash benchmarks/on_gpu.sh vl3b-kit2     # the same with 2 replicas on the GPU
 #   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
 # Before 2026-11-24 (second round) text8b-3 ran 3 replicas at 50,000 prompts, both sides.
+#
+# Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
+# calls copied /root/out/* into $OUT:
+#   setsid bash -c 'for s in text8b-raw text8b-kit text8b-kit3; do OUT=/root/out bash benchmarks/on_gpu.sh $s; done' &
 set -euo pipefail
 step="$1"
 out="${OUT:-/tmp}"
@@ -22,6 +26,11 @@ llama="random-weights:unsloth/Llama-3.1-8B-Instruct"
 qwen="random-weights:Qwen/Qwen2.5-VL-3B-Instruct"
 export VLLM_LOGGING_LEVEL=INFO
 bench() { python3 benchmarks/bench_pipeline.py "$@"; }
+mkdir -p "$out"
+# A step cut by a time limit can leave an engine holding its share of the GPU: end those first.
+for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
+  echo "ending a leftover GPU process $pid"; kill -9 "$pid" 2>/dev/null || true
+done
 smi="$out/$step.smi.csv"
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$smi" &
 sampler=$!
