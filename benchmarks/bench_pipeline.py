@@ -519,9 +519,11 @@ def bench_caption(count: int, workdir: Path, overrides: dict[str, Any], side: st
                                     params["IMAGE_TOKENS"], params["MAX_TOKENS"])
     folder_in = image_input(count, workdir, sizes)
     config = run_config("vision", {**params, "MAX_MODEL_LEN": max_len})  # as the notebook fits it
+    # Raw vLLM: one engine with the whole GPU (what a plain script has), whatever the kit's replicas.
+    single = run_config("vision", {**params, "MAX_MODEL_LEN": max_len, "REPLICAS_PER_GPU": 1})
     spec = {**{k: params[k] for k in ("SYSTEM_PROMPT", "PROMPT", "IMAGE_TOKENS", "MAX_TOKENS", "TEMPERATURE",
                                       "KV_CACHE_GIB")},
-            "input": str(folder_in), "model": str(model), "engine_kwargs": config.engine_kwargs()}
+            "input": str(folder_in), "model": str(model), "engine_kwargs": single.engine_kwargs()}
     run = measure("caption", "vlm_captioning", spec,
                   {**settings, "INPUT_PATH": str(folder_in), "INPUT_FORMAT": "images"}, workdir, side)
     if run is None:
@@ -531,7 +533,7 @@ def bench_caption(count: int, workdir: Path, overrides: dict[str, Any], side: st
            "digests": dict(zip(captions["source"], captions["request_digest"])), **kit_tokens(captions)}
     ids = sorted(f.name for f in folder_in.iterdir())
     return report(f"image captioning, {count} images ({name}, {params['IMAGE_TOKENS']} image tokens)",
-                  run, kit, ids, config, config, model)
+                  run, kit, ids, config, single, model)
 
 
 def kit_tokens(answered: pd.DataFrame) -> dict[str, int]:

@@ -11,13 +11,15 @@
 #   bash benchmarks/on_gpu.sh text8b-kit1   # the same with 1 replica (REPLICAS_PER_GPU=1)
 #   bash benchmarks/on_gpu.sh vl3b-raw      # warm-up, then raw vLLM: 10,000 images, Qwen2.5-VL-3B shape
 #   bash benchmarks/on_gpu.sh vl3b-kit      # the kit against that raw side: auto (1 replica)
-#   bash benchmarks/on_gpu.sh vl3b-kit2     # the same with 2 replicas on the GPU
+#   bash benchmarks/on_gpu.sh vl3b-raw2     # warm-up (the kit with 2 replicas), then raw vLLM: 10,000 images
+#   bash benchmarks/on_gpu.sh vl3b-kit2     # the kit with 2 replicas on the GPU against that raw side
 #   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
 # Before 2026-11-24 (second round) text8b-3 ran 3 replicas at 50,000 prompts, both sides.
 #
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
 # calls copied /root/out/* into $OUT:
-#   setsid bash -c 'for s in text8b-raw text8b-kit text8b-kit3; do OUT=/root/out bash benchmarks/on_gpu.sh $s; done' &
+#   setsid bash -c 'for s in text8b-raw text8b-kit text8b-kit3; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# (not /root/out: that is the tool's own $OUT there, emptied at the start of every call.)
 set -euo pipefail
 step="$1"
 out="${OUT:-/tmp}"
@@ -51,6 +53,7 @@ for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
     text8b-kit3) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 3 ;;
     text8b-kit1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 1 ;;
     vl3b-raw) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 500 -p MODEL_SOURCE "$qwen" ;;
+    vl3b-raw2) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 200 -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
     vl3b-kit) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" ;;
     vl3b-kit2) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
