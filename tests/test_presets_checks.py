@@ -487,3 +487,16 @@ def test_vllm_and_rays_engine_stage_take_the_kv_cache_budget():
     assert "kv_cache_memory_bytes" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     kwargs = {"kv_cache_memory_bytes": 3 * 2**30, "gpu_memory_utilization": 0.44}
     assert vLLMEngineStageUDF.normalize_engine_kwargs(SimpleNamespace(model="m"), kwargs) == kwargs
+
+
+def test_auto_shares_a_gpu_by_what_was_measured():
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
+    # Text: two engines, not three (3 measured 1.34x one raw engine where 2 did 1.69x).
+    text = presets.select("auto", "text", cluster=h100)
+    assert text.replicas_per_gpu == 2 and "3 engines only 1.34x" in dict(text.reasons)["replicas_per_gpu"]
+    # Captions as the notebook fits them (short): two engines of the 3B VLM share the GPU, each with
+    # a stated KV cache; long requests keep one.
+    vision = presets.select("auto", "vision", cluster=h100, max_model_len=192)
+    assert (vision.concurrency, vision.replicas_per_gpu, vision.actor_pool) == (2, 2, (2, 2))
+    assert "2.46x" in dict(vision.reasons)["replicas_per_gpu"] and vision.kv_cache_budget > 20 * shapes.GIB
+    assert presets.select("auto", "vision", cluster=h100, max_model_len=8192).replicas_per_gpu == 1
