@@ -19,7 +19,10 @@
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
 # calls copied /root/out/* into $OUT:
 #   setsid bash -c 'for s in text8b-raw text8b-kit text8b-kit3; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# (not /root/out: that is the tool's own $OUT there, emptied at the start of every call.)
+#   setsid bash -c 'for s in vl3b-raw2 vl3b-kit2 vl3b-kit; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# (not /root/out: that is the tool's own $OUT there, emptied at the start of every call.) On
+# 2026-11-24 a second text8b-kit run was cut by `timeout 280` just before its end (not recorded).
+# vl3b-raw with vl3b-kit2 cannot share a raw side before bench_pipeline's fix of that day: use vl3b-raw2.
 set -euo pipefail
 step="$1"
 out="${OUT:-/tmp}"
