@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs recorded in benchmarks/RESULTS.md, one step per call of the lent machine (10 minutes
+# The GPU runs recorded in benchmarks/RESULTS.md, one step per call of the GPU machine (10 minutes
 # a command; ../shared/gpu/README.md installs the stack first). Each step logs to $OUT/<step>.log,
 # with a GPU timeline (nvidia-smi once a second, summarised per 10 s by benchmarks/gpu_timeline.py,
 # beside the engines' own log lines) at its end.
