@@ -423,12 +423,13 @@ def _counter(folder: Location) -> Callable[[], int]:
     return written
 
 
-def _live_line(seconds: float, rows: int, total: int | None, rate: float) -> str:
+def _live_line(seconds: float, rows: int, total: int | None, rate: float, done: bool = False) -> str:
     if not rows:
         return f"{seconds:.0f} s: starting the engine and sending the first batches; no rows written yet"
     of = f" of {total:,}" if total else ""
+    speed = f", {rate:.1f} rows/s" if rate > 0 else ""  # from the second result file on
     left = f", about {(total - rows) / rate / 60:.1f} min left" if total and rate > 0 and rows < total else ""
-    return f"{seconds:.0f} s: {rows:,}{of} rows written, {rate:.1f} rows/s{left}"
+    return f"{'done in ' if done else ''}{seconds:.0f} s: {rows:,}{of} rows written{speed}{'' if done else left}"
 
 
 @contextmanager
@@ -445,12 +446,12 @@ def live_progress(folder: Path | Location, *, total: int | None = None, every_s:
     handle = display({"text/plain": _live_line(0, 0, total, 0)}, raw=True, display_id=True)
     first: list[tuple[float, int]] = []
 
-    def show() -> None:
+    def show(done: bool = False) -> None:
         rows, now = written() - before, time.monotonic()
         if rows and not first:
             first.append((now, rows))
         rate = (rows - first[0][1]) / (now - first[0][0]) if first and now > first[0][0] else 0.0
-        handle.update({"text/plain": _live_line(now - started, rows, total, rate)}, raw=True)
+        handle.update({"text/plain": _live_line(now - started, rows, total, rate, done)}, raw=True)
 
     def tick() -> None:
         while not done.wait(every_s):
@@ -461,7 +462,7 @@ def live_progress(folder: Path | Location, *, total: int | None = None, every_s:
         yield
     finally:
         done.set()
-        show()
+        show(done=True)
 
 
 @contextmanager

@@ -72,8 +72,19 @@ RUN_CELL = f"{NOTEBOOK}.content.widgets.findIndex(c => c.model.sharedModel.getSo
 
 
 def cell_text(page: Page, index_js: str) -> str:
-    return page.js(f"(() => {{ const c = {NOTEBOOK}.content.widgets[{index_js}]; "
-                   "return c.outputArea ? c.outputArea.node.innerText : ''; })()")
+    """What cell ``index_js`` shows: its outputs' text (streams, plain-text displays, errors), read from
+    the notebook's model, since JupyterLab renders only the cells in view."""
+    return page.js(f"(() => {{ const c = {NOTEBOOK}.content.widgets[{index_js}]; if (!c.model.outputs) return ''; "
+                   "return c.model.outputs.toJSON().map(o => o.text ? [].concat(o.text).join('') : "
+                   "(o.data && o.data['text/plain']) ? [].concat(o.data['text/plain']).join('') : "
+                   "o.ename ? o.ename + ': ' + o.evalue + '\\n' + [].concat(o.traceback || []).join('\\n') : '')"
+                   ".join('\\n'); })()")
+
+
+def show(page: Page, index_js: str) -> None:
+    """Scroll cell ``index_js`` to the top of the view, as a person would, before a screenshot."""
+    page.js(f"{NOTEBOOK}.content.scrollToItem({index_js}, 'start')")
+    time.sleep(1.5)
 
 
 def main(folder: str) -> int:
@@ -115,12 +126,12 @@ def main(folder: str) -> int:
             return "rows written" in text or "pipeline finished" in text
 
         wait(run_cell_busy_with_results, 900, "the run cell's first results", every=0.5)
-        page.js(f"{NOTEBOOK}.content.widgets[{run_cell}].node.scrollIntoView()")
+        show(page, run_cell)
         page.screenshot(work / "run_cell_running.png")
         wait(lambda: page.js(f"{NOTEBOOK}.content.widgets.every(c => c.model.type !== 'code' || "
                              f"c.model.executionCount) && {NOTEBOOK}.sessionContext.session.kernel.status === 'idle'"),
              900, "run all")
-        page.js(f"{NOTEBOOK}.content.widgets[{run_cell}].node.scrollIntoView()")
+        show(page, run_cell)
         page.screenshot(work / "run_cell_done.png")
         shown = cell_text(page, run_cell)
         print("---- the run cell shows ----\n" + shown)
@@ -131,7 +142,7 @@ def main(folder: str) -> int:
         page.js(f"{NOTEBOOK}.content.activeCellIndex = {run_cell}")
         page.js("jupyterapp.commands.execute('notebook:run-cell')")
         wait(lambda: "NotReadyError" in cell_text(page, run_cell), 120, "the re-run's message")
-        page.js(f"{NOTEBOOK}.content.widgets[{run_cell}].node.scrollIntoView()")
+        show(page, run_cell)
         page.screenshot(work / "run_cell_rerun.png")
         rerun = cell_text(page, run_cell)
         print("---- the re-run run cell shows ----\n" + rerun)
