@@ -120,3 +120,13 @@ def test_the_runner_writes_the_report_to_the_bucket_too(s3, tmp_path, monkeypatc
     executed = nbformat.reads(s3.get_object(Bucket=BUCKET, Key="reports/tiny/tiny.ipynb")["Body"].read().decode(), 4)
     assert f"results in s3://{BUCKET}/reports/tiny: 1 files" in executed.cells[-1].outputs[0].text
     assert not (tmp_path / "s3:").exists()
+
+
+def test_two_runs_to_one_bucket_on_one_machine_stage_in_folders_of_their_own(s3):
+    """The staging folder was /tmp/llm-batch-kit-staging/<hash of the URI>, emptied at each start: a
+    second run to the same bucket folder removed the first one's tables before it published them."""
+    uri = f"s3://{BUCKET}/runs/shared"
+    first = outputs.prepare_output_dir(uri, settings={"model": "m"})
+    (first.root / "summary.json").write_text("{}")
+    second = outputs.prepare_output_dir(uri, settings={"model": "m"})
+    assert first.root != second.root and (first.root / "summary.json").read_text() == "{}"
