@@ -119,7 +119,12 @@ class RunOutputs:
         target, checkpoint = self.parts(name), self.checkpoint(name)
         resuming = self.resume and id_column is not None and has_checkpoint(checkpoint)
         if not resuming:
-            target.remove()
+            found = target.files()
+            if found or has_checkpoint(checkpoint):  # prepare_output_dir moves such files aside first
+                raise FileExistsError(f"{target} holds {len(found)} result files and this write would not resume "
+                                      "them: Ray's overwrite would delete them. Start the run with prepare_output_dir "
+                                      f"(it moves earlier results to {EARLIER}/), and resume with the id it resumed by.")
+            target.remove()  # empty folders, or checkpoints a write killed before its first commit left
             checkpoint.remove()
         before = {f for f, _ in target.files()}
         # Object storage: Ray gets the filesystem the kit resolved (an S3-compatible endpoint's); a

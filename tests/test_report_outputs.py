@@ -427,3 +427,15 @@ def test_captions_draw_without_tofu():
     assert report.readable_caption("a dog\ufffd") == "a dog·"  # a broken byte is not drawn as a box
     noise = report.readable_caption("\U0001d400\ufffd\U000e0001\ufffd x")
     assert noise.startswith("(6 characters, most without a glyph")
+
+
+def test_a_write_never_overwrites_result_files_it_would_not_resume(tmp_path):
+    """Ray's write with mode="overwrite" deletes what the folder holds: a write that does not resume
+    refuses a folder with result files (prepare_output_dir has moved an earlier run's aside)."""
+    out = outputs.prepare_output_dir(str(tmp_path / "o"), resume=True, settings={})
+    parts = Path(out.parts("results").path)
+    parts.mkdir(parents=True)
+    pd.DataFrame({"id": ["1"]}).to_parquet(parts / "done.parquet")
+    with pytest.raises(FileExistsError, match="1 result files and this write would not resume them"):
+        out.write(None, "results", id_column=None, num_cpus=0.1)
+    assert (parts / "done.parquet").is_file()
