@@ -118,10 +118,11 @@ class Session:
         return prepare_output_dir(output_dir, resume=resume, settings=settings, start_over=start_over)
 
     def describe(self) -> str:
-        where = (f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray") + _dashboard()
+        where = f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray"
         return (f"{where}: {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
                 f"reserves {self.budget.reserved:g} CPUs for actors; engine cores: {self.threads_bind or 'chosen by vLLM'}; "
-                f"progress: {'one line below the run cell, updated in place' if self.progress else 'a line in the log every minute'}")
+                f"progress: {'one line below the run cell, updated in place' if self.progress else 'a line in the log every minute'}"
+                f"{_dashboard()}")
 
 
 def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: int, kv_cache_gib: float | None,
