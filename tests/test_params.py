@@ -135,3 +135,9 @@ def test_a_flag_typed_in_lower_case_reaches_the_notebook_as_a_string_and_is_refu
         _, defaults = notebook_defaults(repo, notebook)
         assert problems({**defaults, "TRUST_REMOTE_CODE": _resolve_type("false")}) != []
         assert problems({**defaults, "TRUST_REMOTE_CODE": _resolve_type("False")}) == []
+
+
+def test_task_and_start_over_are_checked(repo):
+    _, defaults = notebook_defaults(repo, "text_classification")
+    assert params.text_problems({**defaults, "TASK": "  "}) == ["TASK must be a non-empty instruction, got '  '"]
+    assert "START_OVER must be True or False" in params.text_problems({**defaults, "START_OVER": "false"})[0]
