@@ -370,15 +370,15 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     record = json.loads(run_file.read_text()) if run_file.is_file() else {}
     checkpoints = [where / CHECKPOINT / name for name in (where / CHECKPOINT).children()]
     done = [f for folder in checkpoints for f in committed_checkpoints(folder)]
+    finished = sum(parquet_rows(f) for f in done)  # rows the interrupted run finished (0: none)
     rows_done = 0
     if done and resume and record.get("fingerprint") == current:
         message = "resuming an interrupted run: rows it finished are skipped"
-        rows_done = sum(parquet_rows(f) for f in done)
+        rows_done = finished
         for name in DERIVED:  # tables and charts made from parts/, which stays: rebuilt at the end
             (where / name).remove()
     else:
         if done and not start_over:
-            finished = sum(parquet_rows(f) for f in done)
             why = ("RESUME is False" if resume is False else
                    "it used other settings:\n    " + "\n    ".join(changed_settings(record.get("settings", {}), settings)
                                                       or ["(its run.json records none)"]))

@@ -144,9 +144,9 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     address = engine.cluster_address()
     cluster = engine.start_ray(budget, env, verbose=verbose, progress=verbose)
     engine.check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
-    import ray
-
     import uuid
+
+    import ray
 
     owner = uuid.uuid4().hex
     ray.data.DataContext.get_current().set_config(OWNER_KEY, owner)  # datasets read from now on carry it
