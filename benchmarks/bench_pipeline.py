@@ -100,7 +100,7 @@ def image_input(images: int, folder: Path, sizes: str = "large") -> Path:
 
     from PIL import Image
 
-    from helpers.image_data import SAMPLE_PHOTOS, sample_files
+    from helpers.sample_images import SAMPLE_PHOTOS, sample_files
 
     photos = [Image.open(io.BytesIO(data)).convert("RGB") for name, data in sample_files().items()
               if name.split(".")[0] in SAMPLE_PHOTOS]
@@ -316,7 +316,7 @@ def measure(kind: str, notebook: str, spec: dict[str, Any], kit_params: dict[str
 
     ``side="raw"`` runs the raw side(s) only and keeps them in ``workdir``; ``side="kit"`` runs the
     kit and takes the raw side from there, made by an earlier ``side="raw"`` call with the same
-    inputs: for runs too long for one command (the lent GPU allows 10 minutes a command)."""
+    inputs: for runs too long for one command (a machine that allows 10 minutes a command)."""
     saved = workdir / f"raw-{kind}-measured.json"
     if side == "kit":
         if not saved.exists():
@@ -460,10 +460,10 @@ def run_settings(task: str, overrides: dict[str, Any]) -> dict[str, Any]:
 
 def run_config(task: str, params: dict[str, Any]):
     """The engine configuration the notebook will use with these parameters (what "auto" fits)."""
-    from helpers import presets
+    from helpers import cluster, fitting
 
-    seen = presets.visible_cluster() if params["PRESET"] == "auto" else None
-    return presets.from_parameters(task, params, cluster=seen)
+    seen = cluster.visible_cluster() if params["PRESET"] == "auto" else None
+    return fitting.from_parameters(task, params, cluster=seen)
 
 
 def model_folder(task: str, params: dict[str, Any]) -> tuple[str, str]:
@@ -582,17 +582,17 @@ def report(title: str, run: Measured, kit: dict[str, Any], ids: list[str], confi
 
 def kv_report(raw_tokens: list[int], kit_tokens: list[int], config, raw_config, model: str | None) -> str:
     """vLLM's KV cache per engine (tokens, from its logs) beside the kit's estimate of it
-    (:func:`helpers.presets.kv_cache_estimate`), for both sides."""
-    from helpers import presets, shapes
+    (:func:`helpers.gpus.kv_cache_estimate`), for both sides."""
+    from helpers import cluster, gpus, shapes
 
-    memory = presets.visible_cluster().get("gpu_memory_gib") if config is not None else None
+    memory = cluster.visible_cluster().get("gpu_memory_gib") if config is not None else None
     shape = shapes.model_shape(model) if model else None
     parts = []
     for side, reported, c in (("raw", raw_tokens, raw_config), ("kit", kit_tokens, config)):
         line = (f"{side}: vLLM reports {', '.join(f'{t:,}' for t in reported)} tokens per engine" if reported
                 else f"{side}: no KV-cache size in vLLM's log")
         if memory and shape and c is not None and c.accelerator_type:
-            estimate = presets.kv_cache_estimate(shape, memory, c.memory_share, c.tensor_parallel_size)
+            estimate = gpus.kv_cache_estimate(shape, memory, c.memory_share, c.tensor_parallel_size)
             tokens = estimate / shape.kv_bytes_per_token * c.tensor_parallel_size
             line += f"; the kit estimates {tokens:,.0f} ({estimate / shapes.GIB:.1f} GiB)"
             if side == "kit" and c.kv_cache_budget is not None:

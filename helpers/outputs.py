@@ -1,4 +1,5 @@
-"""Output folders, resumable writes and the final result tables.
+"""The results write: resumable parts with Ray's checkpoints, each result row's columns, and reading
+them back.
 
 Ray writes row-level parts under ``OUTPUT_DIR/parts/<name>/``; they become the tables a person
 opens: ``predictions.parquet`` (or ``captions.parquet``) and ``errors.parquet`` (rows rejected
@@ -10,7 +11,7 @@ Resuming uses Ray Data's own checkpointing: each write records the ids of the ro
 rows at the read and appends the rest. A run that finished deletes its checkpoints, so the next
 run starts fresh. No run deletes results: the next one moves them to ``OUTPUT_DIR/earlier/<time>/``,
 and an interrupted run that the next would not resume stops it until you choose
-(:func:`prepare_output_dir`).
+(:func:`helpers.output_dir.prepare_output_dir`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from helpers.errors import Explained
-from helpers.location import Location, check_reachable, write_or_explain
+from helpers.location import Location
 
 PARTS = "parts"
 CHECKPOINT = "checkpoint"
@@ -190,78 +190,6 @@ class ResultsMovedError(Explained, RuntimeError):
     """The results a cell holds in memory are no longer in ``OUTPUT_DIR`` (a later run moved them)."""
 
 
-class NotTheKitsFolderError(Explained, FileExistsError):
-    """``OUTPUT_DIR`` holds files the kit did not write: a run would remove folders by their names."""
-
-
-def claim_output_dir(path: str | Path) -> Path:
-    """Create ``path`` (if needed) and mark it as the kit's; return it, resolved.
-
-    A run removes its own earlier ``parts/``, ``checkpoint/`` and result files, by name. So it
-    works only in a folder that is new, empty, or marked as the kit's by an earlier run
-    (:data:`MARKER`; a ``run.json`` of the kit's also counts, as earlier versions wrote no marker).
-    Any other non-empty folder is refused, naming what is in it: pointed at a folder that holds a
-    training run, a run would otherwise delete that run's ``checkpoint/``. Executed notebooks
-    (``.ipynb``) are allowed in it: papermill writes its output notebook before the notebook runs."""
-    out = Path(path).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"OUTPUT_DIR={str(path)!r} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
-    names = [p.name for p in out.iterdir()]
-    _refuse_if_not_the_kits(str(path), names, MARKER in names or _kit_run_file(out / RUN_FILE))
-    try:
-        (out / MARKER).write_text(MARKER_TEXT)
-    except OSError as exc:
-        raise PermissionError(f"OUTPUT_DIR={str(path)!r} is not writable: {exc}") from exc
-    return out
-
-
-def output_dir_problem(path: str) -> str:
-    """Why ``OUTPUT_DIR`` cannot be claimed (:func:`claim_output_dir`, :func:`claim_location`), or "":
-    checked by reading only, before anything starts."""
-    import os
-
-    try:
-        where = Location.of(path)
-        if where.remote:
-            names = check_reachable(where)
-            kits = MARKER in names or (RUN_FILE in names and _kit_run_file(where / RUN_FILE))
-        else:
-            out = Path(where.path)
-            if out.exists() and not out.is_dir():
-                return f"OUTPUT_DIR={path!r} exists and is not a folder"
-            existing = out
-            while not existing.exists():
-                existing = existing.parent
-            if not os.access(existing, os.W_OK):
-                return f"OUTPUT_DIR={path!r} is not writable (no write access to {existing})"
-            names = [c.name for c in out.iterdir()] if out.exists() else []
-            kits = MARKER in names or _kit_run_file(out / RUN_FILE)
-        _refuse_if_not_the_kits(str(path), names, kits)
-    except (OSError, NotTheKitsFolderError) as exc:
-        return str(exc)
-    return ""
-
-
-def _refuse_if_not_the_kits(shown: str, names: list[str], kits: bool) -> None:
-    """Raise :class:`NotTheKitsFolderError` for a folder holding ``names`` that is not ``kits``
-    (executed notebooks aside: papermill writes its output before the notebook runs)."""
-    others = sorted(n for n in names if not n.endswith(".ipynb"))
-    if kits or not others:
-        return
-    listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
-    raise NotTheKitsFolderError(
-        f"OUTPUT_DIR={shown!r} is not empty and was not written by this kit (it holds {listed}). A run replaces its "
-        "own earlier results there, by name, so it needs a folder of its own: choose a new or empty one.")
-
-
-def _kit_run_file(path: Path | Location) -> bool:
-    try:
-        return "fingerprint" in json.loads(Location.of(path).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
-
-
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -288,134 +216,6 @@ def describe_request(request: Any) -> Any:
 #: Where a run moves the results it finds in ``OUTPUT_DIR`` before it starts fresh: a run never
 #: deletes rows; ``earlier/<time>/`` keeps them (with the ``run.json`` that says how they were made).
 EARLIER = "earlier"
-
-
-class InterruptedRunError(Explained, RuntimeError):
-    """``OUTPUT_DIR`` holds an interrupted run that this run would not resume (other settings, or
-    ``RESUME=False``): the message names what changed and the two ways on. Nothing was changed."""
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"request": {"messages": [{"content": "x"}]}}`` -> ``{"request.messages[0].content": "x"}``."""
-    if isinstance(value, Mapping):
-        items = [(f"{prefix}.{k}" if prefix else str(k), v) for k, v in value.items()]
-    elif isinstance(value, (list, tuple)) and value and any(isinstance(v, (Mapping, list, tuple)) for v in value):
-        items = [(f"{prefix}[{i}]", v) for i, v in enumerate(value)]
-    else:
-        return {prefix: value}
-    flat: dict[str, Any] = {}
-    for key, inner in items:
-        flat.update(_flatten(inner, key))
-    return flat
-
-
-def _shown(value: Any, width: int = 70) -> str:
-    text = "(not set)" if value is _MISSING else repr(value)
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-_MISSING = object()
-
-
-def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """``"name: old -> new"`` for each setting that differs (nested ones by their dotted path)."""
-    before, after = _flatten(json.loads(json.dumps(old, default=str))), _flatten(json.loads(json.dumps(new, default=str)))
-    return [f"{key}: {_shown(before.get(key, _MISSING))} -> {_shown(after.get(key, _MISSING))}"
-            for key in sorted(set(before) | set(after)) if before.get(key, _MISSING) != after.get(key, _MISSING)]
-
-
-def _move_aside(where: Location, names: Sequence[str]) -> Location:
-    """Move ``names`` (files or folders in ``where``) into a new ``earlier/<UTC time>/``; return it."""
-    import time
-
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
-    target, n = where / EARLIER / stamp, 1
-    while target.exists():
-        n += 1
-        target = where / EARLIER / f"{stamp}-{n}"
-    target.mkdir()
-    for name in names:
-        (where / name).move_to(target / name)
-    return target
-
-
-def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None,
-                       start_over: bool = False) -> RunOutputs:
-    """Create the output folder and decide whether this run resumes an interrupted one. It never
-    deletes results:
-
-    - an interrupted run (committed checkpoints) with the same ``settings`` and ``resume`` on: resumed;
-    - an interrupted run that this run would not resume (other ``settings``, or ``resume`` off):
-      :class:`InterruptedRunError`, naming each setting that changed (old -> new), unless
-      ``start_over`` (the user's ``START_OVER=True``); then, as below, its rows are moved aside;
-    - anything else an earlier run wrote (finished results, files of a run killed before its first
-      checkpoint): moved to ``OUTPUT_DIR/earlier/<time>/`` with its ``run.json``, and this run
-      starts fresh. ``message`` says which happened and where the earlier results are.
-
-    A folder that is not the kit's is refused (:func:`claim_output_dir`).
-    """
-    from helpers.storage import redact_all
-
-    where = Location.of(path)
-    if where.remote:
-        claim_location(where)
-        root = staging_folder(where)
-    else:
-        root = claim_output_dir(path)
-        where = Location.of(root)
-    run_file = where / RUN_FILE
-    # Secrets in a path (a presigned URL's signature) are never written; a re-signed URL still resumes.
-    settings = redact_all(dict(settings or {}))
-    current = fingerprint(settings)
-    record = json.loads(run_file.read_text()) if run_file.is_file() else {}
-    checkpoints = [where / CHECKPOINT / name for name in (where / CHECKPOINT).children()]
-    done = [f for folder in checkpoints for f in committed_checkpoints(folder)]
-    finished = sum(parquet_rows(f) for f in done)  # rows the interrupted run finished (0: none)
-    rows_done = 0
-    if done and resume and record.get("fingerprint") == current:
-        message = "resuming an interrupted run: rows it finished are skipped"
-        rows_done = finished
-        for name in DERIVED:  # tables and charts made from parts/, which stays: rebuilt at the end
-            (where / name).remove()
-    else:
-        if done and not start_over:
-            why = ("RESUME is False" if resume is False else
-                   "it used other settings:\n    " + "\n    ".join(changed_settings(record.get("settings", {}), settings)
-                                                      or ["(its run.json records none)"]))
-            raise InterruptedRunError(
-                f"OUTPUT_DIR={str(where)!r} holds an interrupted run with {finished:,} rows finished, and this run "
-                f"would not resume it: {why}\nNothing was changed there. Either run again with that run's settings "
-                "(and RESUME=True) to finish it, or set START_OVER=True to start over with these settings (its rows "
-                f"are then kept in {EARLIER}/), or choose another OUTPUT_DIR.")
-        found = [name for name in (PARTS, CHECKPOINT, *DERIVED) if (where / name).exists()]
-        message = "starting fresh"
-        if found:
-            kept = _move_aside(where, [*found, *([RUN_FILE] if run_file.is_file() else [])])
-            message += f" (the earlier results are kept in {kept}; delete that folder when you no longer need them)"
-    run_file.write_text(json.dumps({"fingerprint": current, "run": uuid.uuid4().hex, "settings": settings},
-                                   indent=2, default=str))
-    return RunOutputs(root=root, resume=resume, message=message, rows_done=rows_done,
-                      location=where if where.remote else None, run_id=json.loads(run_file.read_text())["run"])
-
-
-def staging_folder(location: Location) -> Path:
-    """A new, empty local folder of this run's own for what this process writes before
-    :meth:`RunOutputs.publish` copies it to ``location`` in object storage (two runs to one bucket on
-    one machine each get their own)."""
-    import tempfile
-
-    digest = hashlib.sha256(location.uri.encode()).hexdigest()[:12]
-    return Path(tempfile.mkdtemp(prefix=f"llm-batch-kit-staging-{digest}-"))
-
-
-def claim_location(location: Location) -> None:
-    """:func:`claim_output_dir` for a folder in object storage: check that it can be used
-    (:func:`helpers.location.check_reachable`, within seconds), refuse one that holds files the kit
-    did not write, and mark it as the kit's."""
-    names = check_reachable(location)
-    _refuse_if_not_the_kits(str(location), names, MARKER in names or (RUN_FILE in names and
-                                                                      _kit_run_file(location / RUN_FILE)))
-    write_or_explain(location / MARKER, MARKER_TEXT)  # also the first write: a read-only store stops here
 
 
 def read_parts(folder: Path | Location) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Results a person reads: accuracy, per-label breakdowns, charts and throughput."""
+"""Results a person reads: accuracy, per-label breakdowns, charts, and the run's summary with its checks."""
 
 from __future__ import annotations
 
@@ -83,43 +83,6 @@ def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Ser
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
-
-
-def throughput(result, whole_input=None, gpus: int = 0) -> pd.Series:
-    """This run's throughput (a :class:`helpers.pipeline.RunResult`): rows per second end to end
-    (engine start included) and in steady state, and the tokens of the rows answered in this run
-    (a resumed run counts only its own rows); with ``whole_input`` (:mod:`helpers.sizing`), what
-    the whole input would take (:func:`projection`)."""
-    t = result.throughput
-    rows = t.answered_rows
-    projected = projection(result, whole_input, gpus) if whole_input is not None else {}
-    return pd.Series({
-        "rows written in this run": t.rows,
-        "wall time, engine start included (s)": round(t.seconds, 1),
-        "rows/s, end to end": round(t.end_to_end, 2),
-        "rows/s, steady state": round(t.steady, 2),
-        "steady state": t.steady_basis,
-        "input tokens/row": round(t.input_tokens / rows, 1) if rows else float("nan"),
-        "output tokens/row": round(t.output_tokens / rows, 2) if rows else float("nan"),
-        "output tokens/s, steady state": round(t.output_tokens / rows * t.steady, 1) if rows else float("nan"),
-        **projected,
-    })
-
-
-def projection(result, whole_input, gpus: int) -> dict:
-    """What the whole input (a :class:`helpers.sizing.InputSize`) would take at this run's steady
-    rate on the same cluster (engine start not included), and on what basis; or why it is not
-    projected. ``gpus``: the GPUs the run held (0 on a CPU)."""
-    t = result.throughput
-    entries = {"whole input, rows": whole_input.rows, "whole input, size from": whole_input.basis}
-    if whole_input.rows is None:
-        return {**entries, "whole input, projected hours": "not projected: the input's size is unknown"}
-    if math.isnan(t.steady) or t.steady <= 0:
-        return {**entries, "whole input, projected hours": f"not projected: no steady rate ({t.steady_basis})"}
-    hours = whole_input.rows / t.steady / 3600
-    return {**entries, "whole input, projected hours": round(hours, 2),
-            "whole input, projected GPU-hours": round(hours * gpus, 2) if gpus else "none: a CPU run",
-            "whole input, projected from": f"this run's steady state, {t.steady:.2f} rows/s, on the same cluster"}
 
 
 def _error_counts(errors: pd.DataFrame) -> tuple[int, int, int]:
@@ -306,27 +269,6 @@ def readable_caption(caption: str, drawable=None) -> str:
     if caption and shown.count("·") > len(caption) / 2:
         return f"({len(caption)} characters, most without a glyph in the chart's font: see the captions table)"
     return shown
-
-
-def stage_table(stats: str, path: Path | None = None) -> pd.DataFrame:
-    """One row per stage of Ray's execution statistics (``RunResult.stats``): its tasks, rows out and
-    wall time, slowest first (the stage with the largest wall time is the bottleneck); the full text,
-    ~15 lines a stage, goes to ``path``."""
-    import re
-
-    if path is not None:
-        path.write_text(stats)
-    rows = []
-    for block in re.split(r"\n(?=Operator \d+ )", stats):
-        head = re.match(r"Operator \d+ (.+?): (\d+) tasks executed, \d+ blocks produced in ([\d.]+)(ms|s)", block)
-        if not head:
-            continue
-        name, tasks, took, unit = head.groups()
-        out = re.search(r"Output num rows per block: .*?, (\d+) total", block)
-        rows.append({"stage": name, "tasks": int(tasks), "rows out": int(out.group(1)) if out else None,
-                     "wall time (s)": round(float(took) / (1000 if unit == "ms" else 1), 2)})
-    table = pd.DataFrame(rows, columns=["stage", "tasks", "rows out", "wall time (s)"])
-    return table.sort_values("wall time (s)", ascending=False).set_index("stage")
 
 
 def plot_image_grid(items: Sequence[tuple[object, str, str]], path: Path | None = None, columns: int = 4,

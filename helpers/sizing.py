@@ -1,5 +1,5 @@
 """How many rows the whole input holds, read cheaply, so a first run (``LIMIT``) can project what
-the rest will take (:func:`helpers.report.projection`).
+the rest will take (:func:`helpers.run_stats.projection`).
 
 Exact where the files say it (parquet footers, a folder of images, a CSV read to its end), else an
 estimate from the first MiB or few of the first file scaled by the files' sizes; ``basis`` says which.

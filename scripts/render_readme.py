@@ -1,9 +1,11 @@
-"""Keep the README's generated tables in step with their sources.
+"""Keep the generated tables in README.md and docs/*.md in step with their sources.
 
-A parameter table sits between ``<!-- params:NAME -->`` and ``<!-- /params:NAME -->`` in README.md
-and is generated from the ``parameters`` cell of ``notebooks/NAME.ipynb``; the presets table sits
-between ``<!-- presets -->`` and ``<!-- /presets -->`` and comes from ``helpers.presets``. ``--check`` fails on drift
-(a test runs it); without it, the README is rewritten in place.
+A parameter table sits between ``<!-- params:NAME -->`` and ``<!-- /params:NAME -->`` and is
+generated from the ``parameters`` cell of ``notebooks/NAME.ipynb``; the presets table sits between
+``<!-- presets -->`` and ``<!-- /presets -->`` and comes from ``helpers.presets``. Blocks are
+rendered in whichever of README.md and docs/*.md holds them (today docs/parameters.md and
+docs/gpus-and-presets.md). Without options, those files are rewritten in place; ``--check``
+changes nothing and fails, naming the files, when a table is out of date (a test runs it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from pathlib import Path
 import nbformat
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
 BLOCK = re.compile(r"(<!-- params:(?P<name>\w+) -->\n)(?P<body>.*?)(<!-- /params:(?P=name) -->)", re.DOTALL)
 
 
@@ -58,18 +59,29 @@ def render(text: str) -> str:
     return PRESETS_BLOCK.sub(lambda m: m.group(1) + presets_table() + m.group(3), text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def pages(root: Path = REPO) -> list[Path]:
+    """The files that may hold generated blocks: README.md and every page in docs/."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def main(argv: list[str] | None = None, root: Path = REPO) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--check", action="store_true", help="change nothing; fail if a table is out of date")
     args = parser.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
-    new = render(text)
-    if args.check:
-        if new != text:
-            print("README.md generated tables are out of date: run python scripts/render_readme.py")
-            return 1
-        return 0
-    README.write_text(new, encoding="utf-8")
+    stale = []
+    for path in pages(root):
+        if not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8")
+        new = render(text)
+        if new == text:
+            continue
+        stale.append(path.relative_to(root).as_posix())
+        if not args.check:
+            path.write_text(new, encoding="utf-8")
+    if args.check and stale:
+        print(f"generated tables out of date in {', '.join(stale)}: run python scripts/render_readme.py")
+        return 1
     return 0
 
 

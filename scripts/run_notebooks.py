@@ -78,15 +78,15 @@ def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path
     failed (it shows where and why), but a rendering error never hides the notebook's own outcome:
     it is printed, and the run's result (or the notebook's error) stands.
     """
-    from helpers import outputs, storage
+    from helpers import output_dir, storage
     from helpers.location import Location
 
     target = Location.of(out_root) / name
     if target.remote:
-        outputs.claim_location(target)  # reachable, writable, and the kit's: before the kernel starts
-        out = outputs.staging_folder(target / "report")
+        output_dir.claim_location(target)  # reachable, writable, and the kit's: before the kernel starts
+        out = output_dir.staging_folder(target / "report")
     else:
-        out = outputs.claim_output_dir(target.uri)  # refuses a folder that is not the kit's
+        out = output_dir.claim_output_dir(target.uri)  # refuses a folder that is not the kit's
     executed = out / f"{name}.ipynb"
     parameters = {"OUTPUT_DIR": target.uri, **overrides}
     print(f"[{name}] running with {storage.redact_all(parameters)}", flush=True)

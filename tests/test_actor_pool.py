@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import engine, pipeline, presets
+from helpers import engine, fitting, pipeline, presets
 
 NOTEBOOKS = {"text": "text_classification", "vision": "vlm_captioning"}
 H100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.6, "CPU": 16.0}
@@ -30,9 +30,9 @@ def _gpu_configs(task: str):
     """Every GPU configuration the notebook can run: each named GPU preset, and "auto" on three clusters."""
     for name, preset in presets.PRESETS.items():
         if preset.task == task and preset.accelerator_type:
-            yield name, presets.select(name, task)
+            yield name, fitting.select(name, task)
     for label, cluster in (("auto on 1 H100", H100), ("auto on 8 A100", EIGHT_A100), ("auto on 4 L4", FOUR_L4)):
-        yield label, presets.select("auto", task, cluster=cluster)
+        yield label, fitting.select("auto", task, cluster=cluster)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +76,14 @@ def test_every_gpu_configuration_reaches_ray_as_a_fixed_pool(repo, task, local_r
 def test_a_pair_you_give_autoscales_and_the_table_says_which(repo, local_ray, tmp_path):
     _, defaults = _defaults(repo)
     for given in ([2, 4], (2, 4), "(2, 4)", "[2, 4]"):
-        run_config = presets.from_parameters("text", {**defaults, "PRESET": "auto", "CONCURRENCY": given}, cluster=H100)
+        run_config = fitting.from_parameters("text", {**defaults, "PRESET": "auto", "CONCURRENCY": given}, cluster=H100)
         assert run_config.concurrency == (2, 4)
         pool = _engine_pool(repo, "text", run_config, tmp_path)
         assert (pool.min_size, pool.max_size) == (2, 4)
-        row = {r["parameter"]: r for r in presets.describe(run_config, {**defaults, "CONCURRENCY": given})}["CONCURRENCY"]
+        row = {r["parameter"]: r for r in fitting.describe(run_config, {**defaults, "CONCURRENCY": given})}["CONCURRENCY"]
         assert "autoscaling pool from 2 to 4" in row["why"] and row["from"] == "your parameter"
-    shipped = presets.from_parameters("text", {**defaults, "PRESET": "auto"}, cluster=H100)
-    row = {r["parameter"]: r for r in presets.describe(shipped, defaults)}["CONCURRENCY"]
+    shipped = fitting.from_parameters("text", {**defaults, "PRESET": "auto"}, cluster=H100)
+    row = {r["parameter"]: r for r in fitting.describe(shipped, defaults)}["CONCURRENCY"]
     assert f"a fixed pool of {shipped.concurrency} replicas, all started at once" in row["why"]
 
 

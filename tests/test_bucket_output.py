@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from conftest import BUCKET, load_script, parameterised_notebook
-from helpers import outputs
+from helpers import output_dir, outputs
 from helpers.location import Location, OutputLocationError
 
 
@@ -44,7 +44,7 @@ def test_a_location_in_a_bucket_reads_writes_lists_and_removes(s3):
 def test_a_run_in_a_bucket_claims_the_folder_resumes_from_its_checkpoints_and_publishes(s3, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     uri = f"s3://{BUCKET}/runs/text"
-    run = outputs.prepare_output_dir(uri, resume=True, settings={"model": "m"})
+    run = output_dir.prepare_output_dir(uri, resume=True, settings={"model": "m"})
     assert run.location == Location.of(uri) and run.where.remote and run.message == "starting fresh"
     assert run.root.is_dir() and not (tmp_path / "s3:").exists()  # nothing lands in a folder called "s3:"
     assert {outputs.MARKER, outputs.RUN_FILE} <= keys(s3, "runs/text/")
@@ -53,25 +53,25 @@ def test_a_run_in_a_bucket_claims_the_folder_resumes_from_its_checkpoints_and_pu
     (run.parts("results") / "a.parquet").write_bytes(pd.DataFrame({"id": ["1", "2"]}).to_parquet())
     (run.checkpoint("results") / "a.parquet").write_bytes(pd.DataFrame({"id": ["1", "2"]}).to_parquet())
     (run.checkpoint("results") / "b.pending.parquet").write_bytes(pd.DataFrame({"id": ["3"]}).to_parquet())
-    resumed = outputs.prepare_output_dir(uri, resume=True, settings={"model": "m"})
+    resumed = output_dir.prepare_output_dir(uri, resume=True, settings={"model": "m"})
     assert resumed.message.startswith("resuming") and resumed.rows_done == 2
     (resumed.root / "summary.json").write_text("{}")
     (resumed.root / "label_counts.png").write_bytes(b"png")
     message = resumed.publish()
     assert message.startswith(f"results in {uri}: 2 files") and {"summary.json", "label_counts.png"} <= keys(s3, "runs/text/")
     before = keys(s3, "runs/text/")
-    with pytest.raises(outputs.InterruptedRunError, match="model: 'm' -> 'other'"):
-        outputs.prepare_output_dir(uri, resume=True, settings={"model": "other"})
+    with pytest.raises(output_dir.InterruptedRunError, match="model: 'm' -> 'other'"):
+        output_dir.prepare_output_dir(uri, resume=True, settings={"model": "other"})
     assert keys(s3, "runs/text/") == before  # nothing changed in the bucket
-    fresh = outputs.prepare_output_dir(uri, resume=True, settings={"model": "other"}, start_over=True)
+    fresh = output_dir.prepare_output_dir(uri, resume=True, settings={"model": "other"}, start_over=True)
     assert fresh.message.startswith(f"starting fresh (the earlier results are kept in {uri}/earlier/")
     assert not any(k.startswith(("parts/", "checkpoint/")) for k in keys(s3, "runs/text/"))
     assert "summary.json" not in keys(s3, "runs/text/")  # an earlier run's derived files never pass for this run's
     kept = {k.split("/", 2)[2] for k in keys(s3, "runs/text/") if k.startswith("earlier/") and k.count("/") >= 2}
     assert {"parts/results/a.parquet", "checkpoint/results/a.parquet", "summary.json", "run.json"} <= kept
     s3.put_object(Bucket=BUCKET, Key="runs/training/model.ckpt", Body=b"weights")
-    with pytest.raises(outputs.NotTheKitsFolderError, match="model.ckpt"):
-        outputs.prepare_output_dir(f"s3://{BUCKET}/runs/training")
+    with pytest.raises(output_dir.NotTheKitsFolderError, match="model.ckpt"):
+        output_dir.prepare_output_dir(f"s3://{BUCKET}/runs/training")
     assert keys(s3, "runs/training/") == {"model.ckpt"}
 
 
@@ -85,7 +85,7 @@ def test_a_bucket_that_cannot_be_used_fails_in_seconds_with_one_message_naming_i
     def refused(uri: str, match: str) -> str:
         started = time.monotonic()
         with pytest.raises(OutputLocationError, match=match) as caught:
-            outputs.prepare_output_dir(uri, resume=True, settings={})
+            output_dir.prepare_output_dir(uri, resume=True, settings={})
         assert time.monotonic() - started < 20
         assert f"OUTPUT_DIR={uri!r}" in str(caught.value)
         return str(caught.value)
@@ -108,8 +108,8 @@ def test_the_runner_writes_the_report_to_the_bucket_too(s3, tmp_path, monkeypatc
     import nbformat
 
     runner = load_script("run_notebooks")
-    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None", "from helpers import outputs\n"
-                                  "out = outputs.prepare_output_dir(OUTPUT_DIR, settings={})\n"
+    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None", "from helpers import output_dir\n"
+                                  "out = output_dir.prepare_output_dir(OUTPUT_DIR, settings={})\n"
                                   "(out.root / 'summary.json').write_text('{\"rows read\": 0}')\n"
                                   "print(out.publish())")
     monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
@@ -126,7 +126,7 @@ def test_two_runs_to_one_bucket_on_one_machine_stage_in_folders_of_their_own(s3)
     """The staging folder was /tmp/llm-batch-kit-staging/<hash of the URI>, emptied at each start: a
     second run to the same bucket folder removed the first one's tables before it published them."""
     uri = f"s3://{BUCKET}/runs/shared"
-    first = outputs.prepare_output_dir(uri, settings={"model": "m"})
+    first = output_dir.prepare_output_dir(uri, settings={"model": "m"})
     (first.root / "summary.json").write_text("{}")
-    second = outputs.prepare_output_dir(uri, settings={"model": "m"})
+    second = output_dir.prepare_output_dir(uri, settings={"model": "m"})
     assert first.root != second.root and (first.root / "summary.json").read_text() == "{}"

@@ -1,6 +1,6 @@
 import pytest
 
-from helpers import engine
+from helpers import cluster, engine
 
 
 def test_cpu_budget_always_leaves_room_for_one_task(monkeypatch):
@@ -45,8 +45,8 @@ def test_a_lone_local_cpu_engine_computes_on_every_core(monkeypatch):
     monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert engine.cpu_threads_bind(None, 1) is None  # one core: nothing to gain
     monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    assert engine.cpu_threads_bind(None, 1) is None  # the workers' cores are not this machine's
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # as cluster.start_ray passes it:
+    assert engine.cpu_threads_bind(None, 1, joined=cluster.cluster_address() is not None) is None  # not this machine's cores
 
 
 def test_the_cluster_a_run_joins(monkeypatch, tmp_path):
@@ -55,20 +55,20 @@ def test_the_cluster_a_run_joins(monkeypatch, tmp_path):
     from ray._private import services
 
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
-    assert engine.cluster_address() == "ray://head:10001"
+    assert cluster.cluster_address() == "ray://head:10001"
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    assert engine.cluster_address() is None
+    assert cluster.cluster_address() is None
     monkeypatch.delenv("RAY_ADDRESS")
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    assert engine.cluster_address() is None  # no record
+    assert cluster.cluster_address() is None  # no record
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:6399")
     monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset())
-    assert engine.cluster_address() is None  # recorded, but that cluster is gone
+    assert cluster.cluster_address() is None  # recorded, but that cluster is gone
     monkeypatch.setattr(services, "find_gcs_addresses", lambda: frozenset({"127.0.0.1:6399"}))
-    assert engine.cluster_address() == "127.0.0.1:6399"
+    assert cluster.cluster_address() == "127.0.0.1:6399"
     monkeypatch.setattr(engine.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    assert engine.cpu_threads_bind(None, 1) is None  # a shared cluster's cores are not this run's
+    assert engine.cpu_threads_bind(None, 1, joined=cluster.cluster_address() is not None) is None  # a shared cluster's
 
 
 @pytest.mark.parametrize("value, arg, most", [(3, 3, 3), ([1, 4], (1, 4), 4), ((2, 2), (2, 2), 2)])
@@ -87,21 +87,38 @@ def test_processor_config_accepts_cpu_placement():
 
 def test_check_schedulable_names_the_missing_resources():
     budget = engine.CpuBudget(engine_cpus=1, engine_replicas=2, stage_cpus=0.1, stage_actors=2)
-    engine.check_schedulable({"CPU": 4.0}, budget, None)
-    with pytest.raises(engine.UnschedulableError, match=r"reserve 2.2 CPUs and tasks need 1 more, but the cluster has 3 CPUs"):
-        engine.check_schedulable({"CPU": 3.0}, budget, None)
-    with pytest.raises(engine.UnschedulableError, match="need 2 GPUs, but the cluster has 0"):
-        engine.check_schedulable({"CPU": 8.0}, budget, "L4")
-    with pytest.raises(engine.UnschedulableError, match=r"ACCELERATOR_TYPE='H100' is not in the cluster \(it has: \['L4'\]\)"):
-        engine.check_schedulable({"CPU": 8.0, "GPU": 2.0, "accelerator_type:L4": 1.0}, budget, "H100")
-    engine.check_schedulable({"CPU": 8.0, "GPU": 2.0, "accelerator_type:L4": 1.0}, budget, "L4")
+    cluster.check_schedulable({"CPU": 4.0}, budget, None)
+    with pytest.raises(cluster.UnschedulableError, match=r"reserve 2.2 CPUs and tasks need 1 more, but the cluster has 3 CPUs"):
+        cluster.check_schedulable({"CPU": 3.0}, budget, None)
+    with pytest.raises(cluster.UnschedulableError, match="need 2 GPUs, but the cluster has 0"):
+        cluster.check_schedulable({"CPU": 8.0}, budget, "L4")
+    with pytest.raises(cluster.UnschedulableError, match=r"ACCELERATOR_TYPE='H100' is not in the cluster \(it has: \['L4'\]\)"):
+        cluster.check_schedulable({"CPU": 8.0, "GPU": 2.0, "accelerator_type:L4": 1.0}, budget, "H100")
+    cluster.check_schedulable({"CPU": 8.0, "GPU": 2.0, "accelerator_type:L4": 1.0}, budget, "L4")
 
 
-def test_engine_env_passes_a_token_without_it_being_a_parameter(monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", "hf_x")
-    assert engine.engine_env(1)["HF_TOKEN"] == "hf_x"
-    monkeypatch.delenv("HF_TOKEN")
-    assert "HF_TOKEN" not in engine.engine_env(1)
+def test_a_hub_token_reaches_local_workers_by_inheritance_and_is_never_in_a_runtime_env(monkeypatch, tmp_path):
+    """Ray shows a runtime_env in its Dashboard and keeps it in the GCS: the token is never in the
+    engine's environment, the job's runtime_env or the session's repr; a local Ray's workers read it
+    from the environment they inherit."""
+    import ray
+
+    from helpers import fitting
+
+    secret = "hf_kit_test_secret_4242"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert not any(secret in v for v in engine.engine_env(1).values())
+    session = cluster.start_ray(fitting.select("text-cpu-offline", "text"), stage_cpus=0.1,
+                                stage_actors_per_replica=1, kv_cache_gib=1, startup_timeout_s=60)
+    try:
+        assert secret not in repr(session) and secret not in session.describe()
+        assert secret not in str(ray.get_runtime_context().runtime_env)
+        seen = ray.get(ray.remote(lambda: __import__("os").environ.get("HF_TOKEN")).options(
+            runtime_env={"env_vars": session.engine_env}).remote())
+        assert seen == secret  # what the engines get: inherited, not shipped
+    finally:
+        ray.shutdown()
 
 
 def test_job_env_vars_are_left_to_the_job(monkeypatch):
@@ -125,5 +142,5 @@ def test_every_actor_pool_starts_at_once(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kwargs: None)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     budget = engine.CpuBudget(engine_cpus=1, engine_replicas=1, stage_cpus=0.1, stage_actors=2)
-    assert engine.start_ray(budget, {}) == {"CPU": 2.0}
+    assert cluster._init_ray(budget, {}) == {"CPU": 2.0}
     assert ray.data.DataContext.get_current().wait_for_min_actors_s <= 0

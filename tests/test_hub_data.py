@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from helpers import image_data
+from helpers import sample_images
 from hub_server import HubServer, Repo
 
 TOKEN = "hf_kit_private_token_0123"
@@ -31,10 +31,10 @@ def hub(tmp_path_factory):
     """The stand-in Hub with a BLIP3o-style repository (two webdataset shards whose keys repeat, as
     each shard numbers its own samples; broken images among them) and a private one with a CSV."""
     root = tmp_path_factory.mktemp("hub")
-    files = image_data.sample_files()
+    files = sample_images.sample_files()
     names = sorted(files)
     for shard, chunk in enumerate((names[:12], names[12:])):
-        image_data.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
+        sample_images.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
                                     root / "blip" / "data" / f"shard-{shard:03d}.tar", caption="a caption")
     (root / "csv").mkdir()
     shutil.copy(REPO / "helpers" / "sample_data" / "customers.csv", root / "csv" / "customers.csv")
@@ -55,7 +55,7 @@ def hub_env(url: str, token: str | None = None) -> dict[str, str]:
 
 LIST = """
 import json, sys, time
-from helpers import image_data, storage
+from helpers import image_data, sample_images, storage
 found = {}
 for path in sys.argv[1:]:
     started = time.monotonic()

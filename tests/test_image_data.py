@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from helpers import image_data
+from helpers import hf_images, image_data, sample_images
 from helpers.data import REJECT_REASON, ROW_ID
 
 
 @pytest.fixture(scope="module")
 def sample():
-    return image_data.sample_files()
+    return sample_images.sample_files()
 
 
 def jpeg(color=(200, 30, 30), size=(120, 80)) -> bytes:
@@ -43,13 +43,13 @@ def test_prepare_batch_keeps_every_row_and_gives_reasons(sample):
 
 
 def test_write_webdataset_layout(tmp_path):
-    path = image_data.write_webdataset({"a": b"123", "b": b"45"}, tmp_path / "s.tar", caption="x")
+    path = sample_images.write_webdataset({"a": b"123", "b": b"45"}, tmp_path / "s.tar", caption="x")
     with tarfile.open(path) as tar:
         assert tar.getnames() == ["a.jpg", "a.txt", "b.jpg", "b.txt"]
 
 
 def test_detect_format(tmp_path):
-    shard = image_data.write_webdataset({"a": b"1"}, tmp_path / "w" / "s.tar")
+    shard = sample_images.write_webdataset({"a": b"1"}, tmp_path / "w" / "s.tar")
     assert image_data.detect_format(str(shard)) == "webdataset"
     assert image_data.detect_format(str(shard.parent)) == "webdataset"
     (tmp_path / "w" / ".complete.json").write_text("{}")  # hidden files don't count
@@ -134,7 +134,7 @@ def local_ray():
 @pytest.mark.slow
 def test_readers_for_all_three_layouts(local_ray, tmp_path):
     files = {"red": jpeg(), "blue": jpeg((0, 0, 200)), "bad": b"not an image"}
-    shard = image_data.write_webdataset(files, tmp_path / "wds" / "shard-0.tar")
+    shard = sample_images.write_webdataset(files, tmp_path / "wds" / "shard-0.tar")
     (tmp_path / "pq").mkdir()
     pd.DataFrame({"key": list(files), "jpg": [{"bytes": b, "path": None} for b in files.values()]}).to_parquet(
         tmp_path / "pq" / "part-0.parquet")
@@ -190,7 +190,7 @@ def test_scraped_shards_mixing_extensions_and_folders_with_the_same_shard_names(
 @pytest.mark.slow
 def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
     # Two shards whose keys repeat (each starts at 000000), one sample without the image field.
-    image_data.write_webdataset({"000000": jpeg(), "000001": jpeg((0, 90, 0))}, tmp_path / "wds" / "a.tar")
+    sample_images.write_webdataset({"000000": jpeg(), "000001": jpeg((0, 90, 0))}, tmp_path / "wds" / "a.tar")
     with tarfile.open(tmp_path / "wds" / "b.tar", "w") as tar:
         for name, payload in {"000000.jpg": jpeg((9, 9, 9)), "000001.txt": b"a caption, no image"}.items():
             info = tarfile.TarInfo(name)
@@ -219,7 +219,7 @@ def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_
     """``{bytes, path}`` with the bytes embedded (the Hub), or bytes null and a path (``datasets``
     writing a local dataset): read from the path, relative to the parquet file; a path that cannot be
     read is that row's reason, naming it."""
-    files = image_data.sample_files()
+    files = sample_images.sample_files()
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "moon.jpg").write_bytes(files["moon"])
     (tmp_path / "abs.jpg").write_bytes(files["coins"])
@@ -245,15 +245,15 @@ def test_a_datasets_dataset_gives_the_rows_that_reading_the_same_shards_gives(lo
     ``datasets`` does not decode them, the kit does, later)."""
     import datasets
 
-    files = image_data.sample_files()
+    files = sample_images.sample_files()
     names = sorted(files)
     shards = tmp_path / "shards"
     for shard, chunk in enumerate((names[:12], names[12:])):  # keys repeat across shards, as in BLIP3o
-        image_data.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
+        sample_images.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
                                     shards / f"shard-{shard:03d}.tar", caption="a caption")
     loaded = datasets.load_dataset("webdataset", data_files={"train": sorted(map(str, shards.glob("*.tar")))},
                                    split="train", cache_dir=str(tmp_path / "cache"))
-    via_datasets = image_data.from_datasets(loaded, root=str(shards)).take_all()
+    via_datasets = hf_images.from_datasets(loaded, root=str(shards)).take_all()
     via_files = image_data.read_images(str(shards), "webdataset").take_all()
 
     def rows(found):

@@ -31,7 +31,7 @@ def test_anyscale_rejects_what_a_typo_would_produce(job):
 
 
 def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
-    from helpers import params, presets
+    from helpers import fitting, params
 
     command = job["entrypoint"].split("&&")[-1]
     args = shlex.split(command)
@@ -39,7 +39,7 @@ def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
     runner = load_script("run_notebooks")
     overrides = {args[i + 1]: runner.parse_value(args[i + 2]) for i, a in enumerate(args) if a == "-p"}
     assert overrides["PRESET"] == "text-llama8b-l4" and overrides["LIMIT"] == 10_000
-    preset = presets.select(overrides["PRESET"], "text")
+    preset = fitting.select(overrides["PRESET"], "text")
     assert (preset.model_source, preset.accelerator_type, preset.concurrency) == ("unsloth/Llama-3.1-8B-Instruct", "L4", 4)
     defaults = runner.defaults("text_classification")
     assert set(overrides) <= set(defaults), "job.yaml sets a parameter the notebook lacks"
@@ -58,7 +58,7 @@ def test_job_yaml_is_rendered_from_the_project_template():
 
 def test_kuberay_rayjob_runs_the_notebook_on_l4_workers():
     """deploy/rayjob.yaml: a KubeRay RayJob whose entrypoint runs the notebook with a valid preset."""
-    from helpers import presets
+    from helpers import fitting
 
     job = yaml.safe_load((REPO / "deploy" / "rayjob.yaml").read_text())
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
@@ -67,7 +67,7 @@ def test_kuberay_rayjob_runs_the_notebook_on_l4_workers():
     args = shlex.split(spec["entrypoint"].split("&&")[-1])
     assert args[:2] == ["python", "scripts/run_notebooks.py"] and "text_classification" in args
     overrides = {args[i + 1]: args[i + 2] for i, a in enumerate(args) if a == "-p"}
-    preset = presets.select(overrides["PRESET"], "text")
+    preset = fitting.select(overrides["PRESET"], "text")
     workers = spec["rayClusterSpec"]["workerGroupSpecs"]
     [gpus] = [w for w in workers if "nvidia.com/gpu" in w["template"]["spec"]["containers"][0]["resources"]["limits"]]
     assert gpus["maxReplicas"] >= preset.concurrency and gpus["replicas"] == preset.concurrency

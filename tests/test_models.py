@@ -73,7 +73,7 @@ def test_smollm2_conversion_is_a_loadable_llama(smollm2_path):
 def test_random_weights_shapes_are_the_published_dimensions_with_the_offline_tokenizers(smollm2_path):
     from transformers import AutoConfig, AutoTokenizer
 
-    from helpers import presets, shapes
+    from helpers import fitting, presets, shapes
 
     for model, offline in [("unsloth/Llama-3.1-8B-Instruct", smollm2_path),
                            ("Qwen/Qwen2.5-VL-3B-Instruct", models.prepare_tiny_vlm())]:
@@ -97,12 +97,12 @@ def test_random_weights_shapes_are_the_published_dimensions_with_the_offline_tok
         # The kit tells vLLM to make the weights up: for the source and for the folder it built.
         task = "text" if "Llama" in model else "vision"
         for source in (shapes.RANDOM_WEIGHTS + model, folder):
-            assert presets.select(presets.CPU_PRESET[task], task, model_source=source).engine_kwargs()["load_format"] == "dummy"
+            assert fitting.select(presets.CPU_PRESET[task], task, model_source=source).engine_kwargs()["load_format"] == "dummy"
     qwen = AutoConfig.from_pretrained(models.prepare_random_weights("Qwen/Qwen2.5-VL-3B-Instruct")).to_dict()
     assert qwen["vision_config"]["depth"] == 32 and qwen["vision_config"]["out_hidden_size"] == 2048
     tiny = models.prepare_tiny_vlm()
     assert qwen["image_token_id"] == AutoTokenizer.from_pretrained(tiny).convert_tokens_to_ids("<|image_pad|>")
-    assert "load_format" not in presets.select("text-cpu-offline", "text").engine_kwargs()  # real weights
+    assert "load_format" not in fitting.select("text-cpu-offline", "text").engine_kwargs()  # real weights
     with pytest.raises(ValueError, match="no published shape"):
         models.prepare_random_weights("org/unknown")
 
@@ -121,7 +121,7 @@ TINY_SHAPES = {
 
 LOAD_SCRIPT = """
 import json, os, sys
-from helpers import caption, engine, models, presets
+from helpers import caption, engine, fitting, models, presets
 from PIL import Image
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
@@ -130,7 +130,7 @@ def main():
     os.environ.update(engine.engine_env(1))
     model, task, shrink = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     folder = str(models.prepare_random_weights(model, shrink=shrink))
-    kwargs = presets.select(presets.CPU_PRESET[task], task, model_source=folder).engine_kwargs()
+    kwargs = fitting.select(presets.CPU_PRESET[task], task, model_source=folder).engine_kwargs()
     if task == "text":
         llm = LLM(model=folder, **kwargs)
         sampling = SamplingParams(max_tokens=8, temperature=0, structured_outputs=StructuredOutputsParams(choice=["Retail", "Law Firm"]))

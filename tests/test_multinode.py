@@ -4,7 +4,7 @@ The worker node is started inside a mount namespace of its own (``unshare -m``) 
 one folder: on the head (and the driver) that folder is this machine's disk, on the worker it is
 another, empty one. Ray Data writes each block's results on the node that holds it, so a run with
 its ``OUTPUT_DIR`` there would leave the worker's results on the worker's "disk", lost to the
-driver. The kit must stop before that (``helpers.engine.check_every_node_sees``).
+driver. The kit must stop before that (``helpers.output_dir.check_every_node_sees``).
 """
 
 from __future__ import annotations
@@ -77,14 +77,14 @@ def two_nodes(tmp_path):
 CHECK = """
 import json, sys
 import ray
-from helpers import engine
+from helpers import cluster, engine, output_dir
 ray.init(address=sys.argv[1], log_to_driver=False)
 nodes = [n for n in ray.nodes() if n["Alive"]]
 found = {"nodes": len(nodes)}
 for name, folder in (("private", sys.argv[2]), ("shared", sys.argv[3])):
     try:
-        found[name] = engine.check_every_node_sees(folder)
-    except engine.NodeLocalOutputError as exc:
+        found[name] = output_dir.check_every_node_sees(folder)
+    except output_dir.NodeLocalOutputError as exc:
         found[name] = str(exc)
 print(json.dumps(found))
 """

@@ -1,5 +1,7 @@
 """Committed notebooks are tutorials, not run logs: outputs cleared except the cells CI checks."""
 
+import re
+
 import nbformat
 import pytest
 
@@ -30,7 +32,8 @@ def test_notebook_conventions(path):
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
 
 
-USER_FACING = [*NOTEBOOKS, REPO / "README.md", REPO / "job.yaml", REPO / "deploy" / "rayjob.yaml",
+USER_FACING = [*NOTEBOOKS, REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "job.yaml",
+               REPO / "deploy" / "rayjob.yaml",
                REPO / "helpers" / "presets.py", REPO / "benchmarks" / "RESULTS.md",
                *sorted((REPO / "templates").rglob("*.jinja")), REPO / "templates" / "README.md"]
 
@@ -133,3 +136,32 @@ def test_helpers_import_graph_has_no_circles():
         graph[module.stem] = deps - {module.stem}
     assert graph["checks"] >= {"presets", "shapes"}  # the graph is really read
     list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a circle
+
+
+#: The most lines a helpers module may have: each has one job a newcomer can read in one sitting.
+MAX_MODULE_LINES = 350
+#: The most helpers modules a notebook imports: the plumbing sits behind a few well-named calls.
+MAX_NOTEBOOK_HELPERS = 6
+
+
+def test_helpers_are_small_modules_each_listed_with_its_job():
+    import ast
+
+    import helpers
+
+    listed = set(re.findall(r"^- ``(\w+)``(?:, ``(\w+)``)?:", helpers.__doc__, flags=re.M))
+    listed = {name for pair in listed for name in pair if name}
+    modules = {p.stem for p in (REPO / "helpers").glob("*.py") if p.stem != "__init__"}
+    assert listed == modules, f"helpers/__init__.py lists {sorted(listed ^ modules)} wrongly"
+    for module in sorted((REPO / "helpers").glob("*.py")):
+        text = module.read_text()
+        assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{module.name}: {len(text.splitlines())} lines"
+        assert ast.get_docstring(ast.parse(text)), f"{module.name} has no docstring saying its job"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_imports_a_few_helpers_modules(path):
+    new_project = load_script("new_project")
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    imported = new_project.helper_imports(code)
+    assert 0 < len(imported) <= MAX_NOTEBOOK_HELPERS, sorted(imported)

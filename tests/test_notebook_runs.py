@@ -100,7 +100,7 @@ def _failed_in_the_check_cell(err, out: Path) -> str:
     executed = json.loads((out / f"{out.name}.ipynb").read_text())
     failed = [c for c in executed["cells"] if c["cell_type"] == "code" and any(
         o.get("output_type") == "error" for o in c.get("outputs", []))]
-    assert len(failed) == 1 and "".join(failed[0]["source"]).startswith("source = "), failed
+    assert len(failed) == 1 and "".join(failed[0]["source"]).startswith("run_plan = "), failed
     assert err.value.ename == "ParameterError"
     return err.value.evalue
 
@@ -162,9 +162,9 @@ def test_bad_parameter_fails_before_anything_runs(runner, tmp_path):
 def test_captioning_notebook_on_hf_parquet_layout(runner, tmp_path):
     # The kit's whole corpus of awkward and broken files, as Hugging Face parquet rows, plus rows a
     # real dataset has: a null image and the same bytes twice (two rows, never merged).
-    from helpers import image_data
+    from helpers import image_data, sample_images
 
-    files = image_data.sample_files()
+    files = sample_images.sample_files()
     rows = [{"key": k, "jpg": {"bytes": v, "path": f"{k}.jpg"}} for k, v in files.items()]
     rows += [{"key": "null_image", "jpg": None}, {"key": "astronaut_again", "jpg": {"bytes": files["astronaut"], "path": "a.jpg"}}]
     (tmp_path / "pq").mkdir()
@@ -198,9 +198,9 @@ def test_captioning_notebook_on_hf_parquet_layout(runner, tmp_path):
 @pytest.mark.slow
 def test_captioning_notebook_on_a_folder_of_image_files(runner, tmp_path):
     # The corpus as files, with the names scraped data often has (a PNG called .jpg, no extension).
-    from helpers import image_data
+    from helpers import sample_images
 
-    files = image_data.sample_files()
+    files = sample_images.sample_files()
     folder = tmp_path / "photos"
     folder.mkdir()
     for i, (name, data) in enumerate(files.items()):
@@ -218,11 +218,16 @@ def test_captioning_notebook_on_a_folder_of_image_files(runner, tmp_path):
 
 @pytest.mark.slow
 def test_unschedulable_request_fails_fast_instead_of_hanging(runner, tmp_path):
+    from helpers import cluster
+
+    here = cluster.visible_cluster()  # a CPU machine (CI) or a GPU one: a GPU type it does not have
+    wanted = next(t for t in ("L4", "H100") if f"accelerator_type:{t}" not in here)
     started = time.monotonic()
     with pytest.raises(papermill.PapermillExecutionError) as err:
-        runner.run("text_classification", tmp_path / "results", {"ACCELERATOR_TYPE": "L4", "LIMIT": 5})
+        runner.run("text_classification", tmp_path / "results", {"ACCELERATOR_TYPE": wanted, "LIMIT": 5})
     assert "cannot be scheduled and would wait forever" in str(err.value)
-    assert "need 1 GPUs, but the cluster has 0" in str(err.value)
+    assert ("need 1 GPUs, but the cluster has 0" if not here.get("GPU") else
+            f"ACCELERATOR_TYPE='{wanted}' is not in the cluster") in str(err.value)
     assert time.monotonic() - started < 180
 
 

@@ -1,7 +1,7 @@
 import nbformat
 import pytest
 
-from helpers import params, presets
+from helpers import fitting, params
 
 
 def notebook_defaults(repo, name):
@@ -19,9 +19,9 @@ def test_text_defaults_are_valid_and_come_from_the_cpu_preset_without_a_gpu(repo
     _, defaults = notebook_defaults(repo, "text_classification")
     assert params.text_problems(defaults) == []
     assert defaults["PRESET"] == "auto" and defaults["MODEL_SOURCE"] is None and defaults["BATCH_SIZE"] is None
-    config = presets.from_parameters("text", defaults, cluster={"CPU": 2.0})
+    config = fitting.from_parameters("text", defaults, cluster={"CPU": 2.0})
     assert config.name == "text-cpu-offline" and config.model_source == "offline" and config.accelerator_type is None
-    assert presets.from_parameters("text", defaults, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0}).name == "auto (4xL4)"
+    assert fitting.from_parameters("text", defaults, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0}).name == "auto (4xL4)"
 
 
 #: Parameter lines fit a notebook cell without scrolling sideways.
@@ -111,7 +111,7 @@ def test_concurrency_pair_is_accepted(repo):
 def test_caption_defaults_are_valid(repo):
     _, defaults = notebook_defaults(repo, "vlm_captioning")
     assert params.caption_problems(defaults) == []
-    assert presets.from_parameters("vision", defaults, cluster={"CPU": 2.0}).model_source == "offline"
+    assert fitting.from_parameters("vision", defaults, cluster={"CPU": 2.0}).model_source == "offline"
     assert defaults["MAX_PIXELS"] > 0
 
 

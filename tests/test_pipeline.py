@@ -7,7 +7,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from helpers import outputs, pipeline
+from helpers import cluster, output_dir, outputs, pipeline, progress, run_stats
 from helpers.data import REJECT_REASON
 from helpers.pipeline import ENGINE, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE
 
@@ -143,9 +143,9 @@ def test_collect_splits_answered_rows_from_errors(tmp_path):
 
 def test_steady_state_is_the_rate_the_result_files_came_at():
     files = [(100.0 + 5 * i, 20) for i in range(6)]  # 20 rows every 5 s
-    rate, basis = pipeline.steady_state(files, seconds=60)
+    rate, basis = run_stats.steady_state(files, seconds=60)
     assert rate == pytest.approx(4.0) and basis == "fitted over 6 result files written in 25.0 s"
-    t = pipeline.Throughput(rows=120, seconds=60, steady=rate, steady_basis=basis)
+    t = run_stats.Throughput(rows=120, seconds=60, steady=rate, steady_basis=basis)
     assert t.end_to_end == 2 and t.steady == pytest.approx(4.0)
 
 
@@ -153,18 +153,18 @@ def test_steady_state_fits_waves_of_files():
     # Two waves of 4 blocks (40 rows each) that end together, 50 s apart: 160 rows per 50 s. From the
     # first file to the last (7 files' rows over 50 s) it would read 5.6 rows/s instead of 3.2.
     waves = [(100.0 + 0.1 * i, 40) for i in range(4)] + [(150.0 + 0.1 * i, 40) for i in range(4)]
-    rate, _ = pipeline.steady_state(waves, seconds=160)
+    rate, _ = run_stats.steady_state(waves, seconds=160)
     assert rate == pytest.approx(160 / 50, rel=0.01)
 
 
 def test_steady_state_is_not_claimed_from_a_burst_or_a_handful_of_files():
     # 600 images in 4 blocks on a 2-core CPU: 4 files within 1.2 s of an 85 s pipeline.
-    rate, basis = pipeline.steady_state([(180.0, 150), (180.4, 150), (180.9, 150), (181.2, 150)], seconds=85)
+    rate, basis = run_stats.steady_state([(180.0, 150), (180.4, 150), (180.9, 150), (181.2, 150)], seconds=85)
     assert math.isnan(rate) and basis == "not measured: 4 result files, fewer than 5"
     burst = [(180.0 + 0.2 * i, 50) for i in range(12)]  # 12 files, all within 2.2 s
-    rate, basis = pipeline.steady_state(burst, seconds=85)
+    rate, basis = run_stats.steady_state(burst, seconds=85)
     assert math.isnan(rate) and basis == "not measured: 12 files came within 2.2 s of 85 s"
-    assert math.isnan(pipeline.steady_state([], seconds=10)[0])
+    assert math.isnan(run_stats.steady_state([], seconds=10)[0])
 
 
 class Op:
@@ -186,20 +186,20 @@ class Executed:
 
 
 def test_rows_are_counted_where_they_enter_the_processor():
-    entering = f"MapBatches({pipeline.rows_entering.__name__})"
+    entering = f"MapBatches({run_stats.rows_entering.__name__})"
     read = Stats([Op("ReadCSV->SplitBlocks(8)", 309)])
     # A resumed run: Ray's checkpoint filter drops the rows an interrupted run finished.
     filtered = Stats([Op("CheckpointFilter->SplitBlocks(8)", 301)], [read])
     kit = Stats([Op(f"MapBatches(add_row_ids_and_rejects)->{entering}->Map(_preprocess)", 301)], [filtered])
     top = Stats([Op("Map(_postprocess)->Write", 2)], [Stats([Op("MapBatches(vLLMEngineStageUDF)", 301)], [kit])])
-    assert pipeline._rows_entering(Executed(top)) == 301
+    assert run_stats.rows_entered(Executed(top)) == 301
     limited = Stats([Op(f"{entering}->Map(_preprocess)", 24)], [Stats([Op("limit=24", 24)], [read])])
-    assert pipeline._rows_entering(Executed(Stats([Op("Write", 1)], [limited]))) == 24
+    assert run_stats.rows_entered(Executed(Stats([Op("Write", 1)], [limited]))) == 24
     # Fused with the write, the operator's output is a row per file; no marker, no count.
-    assert pipeline._rows_entering(Executed(Stats([Op(f"ReadCSV->{entering}->Write", 3)]))) is None
-    assert pipeline._rows_entering(Executed(Stats([Op("Write", 1)], [read]))) is None
-    assert pipeline._rows_entering(Executed(Stats([Op("Write", 1)], [Stats([Op(entering, None)])]))) is None
-    assert pipeline._rows_entering(object()) is None
+    assert run_stats.rows_entered(Executed(Stats([Op(f"ReadCSV->{entering}->Write", 3)]))) is None
+    assert run_stats.rows_entered(Executed(Stats([Op("Write", 1)], [read]))) is None
+    assert run_stats.rows_entered(Executed(Stats([Op("Write", 1)], [Stats([Op(entering, None)])]))) is None
+    assert run_stats.rows_entered(object()) is None
 
 
 class Kernel:
@@ -215,18 +215,18 @@ class Shell:
 def test_progress_shows_when_a_person_steps_through_not_under_papermill(monkeypatch):
     import IPython
 
-    monkeypatch.delenv(pipeline.PROGRESS_ENV, raising=False)
+    monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     monkeypatch.setattr(IPython, "get_ipython", lambda: Shell(allow_stdin=True))
-    assert pipeline.interactive()  # a Jupyter frontend lets the kernel ask for input
+    assert progress.interactive()  # a Jupyter frontend lets the kernel ask for input
     monkeypatch.setattr(IPython, "get_ipython", lambda: Shell(allow_stdin=False))
-    assert not pipeline.interactive()  # papermill, nbclient, nbconvert --execute do not
+    assert not progress.interactive()  # papermill, nbclient, nbconvert --execute do not
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)
-    assert not pipeline.interactive()  # plain Python
-    monkeypatch.setenv(pipeline.PROGRESS_ENV, "1")
-    assert pipeline.interactive()
-    monkeypatch.setenv(pipeline.PROGRESS_ENV, "0")
+    assert not progress.interactive()  # plain Python
+    monkeypatch.setenv(progress.PROGRESS_ENV, "1")
+    assert progress.interactive()
+    monkeypatch.setenv(progress.PROGRESS_ENV, "0")
     monkeypatch.setattr(IPython, "get_ipython", lambda: Shell(allow_stdin=True))
-    assert not pipeline.interactive()
+    assert not progress.interactive()
 
 
 @pytest.mark.slow
@@ -252,9 +252,9 @@ def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(tmp_pat
                 lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
                 else {**answer(r), INFERENCE_ERROR: ""})
 
-        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
         started = time.perf_counter()
-        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
                                    stage_cpus=0.1, startup_timeout_s=120)
         result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": ""}, id_column="id",
                               answered_name="predictions.parquet")
@@ -297,8 +297,8 @@ def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they
             return rows.map(lambda r: {**r, **guarded(r)}).map_batches(
                 Engine, concurrency=1, batch_size=8).map(answer)
 
-        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
-        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
+        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
                                    stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
         result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": "", "rows_in_task": 0},
                               id_column=None, answered_name="predictions.parquet", expected_rows=96)
@@ -314,7 +314,7 @@ def test_a_run_that_writes_nothing_stops_after_the_startup_timeout(tmp_path):
     folder = tmp_path / "parts"
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="no results were written within STARTUP_TIMEOUT_S=2 s"):
-        with pipeline.first_results_within(folder, 2):
+        with progress.first_results_within(folder, 2):
             time.sleep(60)  # an engine that never starts
     assert time.monotonic() - started < 10
 
@@ -322,11 +322,11 @@ def test_a_run_that_writes_nothing_stops_after_the_startup_timeout(tmp_path):
 def test_the_startup_timeout_ends_with_the_first_result_file(tmp_path):
     folder = tmp_path / "parts"
     folder.mkdir()
-    with pipeline.first_results_within(folder, 2):
+    with progress.first_results_within(folder, 2):
         pd.DataFrame({"x": [1]}).to_parquet(folder / "a.parquet")  # the first results
         time.sleep(4)  # the rest of a long run
     with pytest.raises(KeyboardInterrupt):  # a person's Ctrl-C stays a Ctrl-C
-        with pipeline.first_results_within(folder, 60):
+        with progress.first_results_within(folder, 60):
             raise KeyboardInterrupt
 
 
@@ -338,7 +338,7 @@ def test_the_startup_timeout_works_where_sigint_is_ignored(tmp_path):
     try:
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            with pipeline.first_results_within(tmp_path / "parts", 2):
+            with progress.first_results_within(tmp_path / "parts", 2):
                 time.sleep(60)
         assert time.monotonic() - started < 10
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # put back as it was
@@ -358,7 +358,7 @@ def test_a_headless_run_logs_its_progress_outside_the_report(tmp_path):
     folder.mkdir()
     pq.write_table(pa.table({"x": list(range(5))}), folder / "resumed.parquet")  # an interrupted run's rows
     log = io.StringIO()
-    with pipeline.heartbeat(folder, 0.3, total=30, stream=log):
+    with progress.heartbeat(folder, 0.3, total=30, stream=log):
         for i in range(3):
             time.sleep(0.35)
             pq.write_table(pa.table({"x": list(range(10))}), folder / f"part-{i}.parquet")
@@ -368,10 +368,10 @@ def test_a_headless_run_logs_its_progress_outside_the_report(tmp_path):
     assert " 30 of 30 rows written" in lines[-1]  # this run's rows only, of the total it was given
     assert "rows/s over the last" in lines[0] and "min left" in " ".join(lines[:-1])
     log = io.StringIO()
-    with pipeline.heartbeat(folder, 0, stream=log):
+    with progress.heartbeat(folder, 0, stream=log):
         time.sleep(0.2)
     assert log.getvalue() == ""
-    assert pipeline._progress_line(2.0, 100, None, 5.0, 60) == \
+    assert progress._progress_line(2.0, 100, None, 5.0, 60) == \
         "[llm-batch-kit] 2.0 min: 100 rows written, 5.0 rows/s over the last 60 s"
 
 
@@ -423,8 +423,8 @@ def test_limit_runs_the_first_rows_of_the_input_even_when_the_first_file_arrives
             def __call__(self, batch):
                 return batch
 
-        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
-        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
                                    stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
         result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
                               id_column="id", answered_name="predictions.parquet", limit=25)
@@ -456,8 +456,8 @@ def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(tmp_pa
                     batch[INFERENCE_ERROR] = ["EngineDeadError: EngineCore encountered an issue"] * len(batch["id"])
                 return batch
 
-        out = outputs.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
-        session = pipeline.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
+        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
                                    stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
         result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
                               id_column=None, answered_name="predictions.parquet", expected_rows=64)

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from helpers import checks, classify, engine, presets, shapes
-from helpers.presets import PRESETS, Preset
+from helpers import checks, classify, cluster, engine, fitting, gpus, presets, shapes
+from helpers.presets import PRESETS
 
 
 def test_seed_presets_are_as_published():
@@ -29,27 +29,34 @@ def test_presets_are_frozen_and_overrides_are_checked():
 
 
 def test_auto_picks_cpu_without_gpu_and_gpu_preset_with_one():
-    assert presets.select("auto", "text").name == "text-cpu-offline"
-    assert presets.select("auto", "text", cluster={"CPU": 2.0}).name == "text-cpu-offline"
-    assert presets.select("auto", "vision", cluster={"CPU": 2.0}, batch_size=4).batch_size == 4
+    assert fitting.select("auto", "text").name == "text-cpu-offline"
+    assert fitting.select("auto", "text", cluster={"CPU": 2.0}).name == "text-cpu-offline"
+    assert fitting.select("auto", "vision", cluster={"CPU": 2.0}, batch_size=4).batch_size == 4
     with pytest.raises(KeyError, match="no preset 'nope'"):
-        presets.select("nope", "text")
+        fitting.select("nope", "text")
     with pytest.raises(ValueError, match="is for the vision task"):
-        presets.select("vision-qwen3b-l4", "text")
+        fitting.select("vision-qwen3b-l4", "text")
 
 
 def test_notebook_parameters_left_at_none_come_from_the_preset_and_given_ones_win():
-    parameters = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto", "BATCH_SIZE": 32,
+    parameters = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto", "BATCH_SIZE": 32,
                                                                       "CONCURRENCY": [2, 4]}
-    config = presets.from_parameters("text", parameters, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0})
-    assert config.name == "auto (4xL4)" and config.model_source == "unsloth/Llama-3.1-8B-Instruct"
+    config = fitting.from_parameters("text", parameters, cluster={"GPU": 4.0, "accelerator_type:L4": 1.0})
+    # MODEL_SOURCE None: the offline model on GPUs too (the defaults run anywhere), fitted as the 8B.
+    assert config.name == "auto (4xL4)" and config.model_source == "offline"
+    why = {row["parameter"]: row["why"] for row in fitting.describe(config, parameters)}
+    assert "the offline model" in why["MODEL_SOURCE"] and "unsloth/Llama-3.1-8B-Instruct" in why["MODEL_SOURCE"]
+    named = fitting.from_parameters("text", {**parameters, "MODEL_SOURCE": "unsloth/Llama-3.1-8B-Instruct"},
+                                    cluster={"GPU": 4.0, "accelerator_type:L4": 1.0})
+    assert named.model_source == "unsloth/Llama-3.1-8B-Instruct" and named.max_num_seqs == config.max_num_seqs
+    assert fitting.select("text-llama8b-l4", "text").model_source == "unsloth/Llama-3.1-8B-Instruct"  # named: its model
     assert config.batch_size == 32 and config.concurrency == (2, 4) and config.num_blocks == 128
-    sources = {row["parameter"]: row["from"] for row in presets.describe(config, parameters)}
+    sources = {row["parameter"]: row["from"] for row in fitting.describe(config, parameters)}
     assert sources["BATCH_SIZE"] == "your parameter" and sources["NUM_BLOCKS"] == "preset auto (4xL4)"
     assert sources["max_num_seqs"] == "preset auto (4xL4)"
     # A parameter the notebook doesn't have (the captioning notebook computes MAX_MODEL_LEN) is not listed.
     vision = {k: v for k, v in parameters.items() if k != "MAX_MODEL_LEN"} | {"PRESET": "vision-cpu-offline"}
-    assert "MAX_MODEL_LEN" not in {r["parameter"] for r in presets.describe(presets.from_parameters("vision", vision), vision)}
+    assert "MAX_MODEL_LEN" not in {r["parameter"] for r in fitting.describe(fitting.from_parameters("vision", vision), vision)}
 
 
 def test_preset_names_and_overview_cover_each_task():
@@ -119,7 +126,7 @@ def test_mixture_of_experts_counts_every_expert():
 
 def test_auto_gives_a_mixture_of_experts_model_the_gpus_its_weights_need(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(MIXTRAL_8X7B))
-    chosen = presets.select("auto", "text", cluster={"GPU": 4.0, "accelerator_type:H100": 1.0},
+    chosen = fitting.select("auto", "text", cluster={"GPU": 4.0, "accelerator_type:H100": 1.0},
                             model_source=str(tmp_path))
     assert chosen.tensor_parallel_size == 2 and chosen.concurrency == 2  # ~87 GiB of weights: two H100s each
 
@@ -184,14 +191,14 @@ def test_suggest_max_model_len_uses_the_models_template(smollm2_path):
 
 def test_checks_take_an_autoscaling_concurrency_pair():
     # CONCURRENCY=[2, 5] (a documented form); papermill hands it over as a list, the preset keeps a tuple.
-    preset = presets.from_parameters("text", {"PRESET": "text-cpu-offline", "CONCURRENCY": [2, 5]})
+    preset = fitting.from_parameters("text", {"PRESET": "text-cpu-offline", "CONCURRENCY": [2, 5]})
     assert preset.concurrency == (2, 5)
     messages = [f.message for f in checks.check_preset(preset, rows=1000)]
     assert any("num_blocks=8 < 2 x 5 replicas" in m for m in messages)  # judged at the pool's largest size
 
 
 def _auto(task, **cluster):
-    return presets.select("auto", task, cluster=cluster)
+    return fitting.select("auto", task, cluster=cluster)
 
 
 def test_auto_fits_one_h100():
@@ -215,7 +222,7 @@ def test_auto_on_8_a100s_runs_8_replicas():
     p = _auto("text", GPU=8.0, **{"accelerator_type:A100-80G": 1.0})
     assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size, p.gpus) == ("A100-80G", 16, 1, 8)
     assert p.num_blocks >= 4 * 16 and "2 replicas on each of 8 GPUs" in dict(p.reasons)["concurrency"]
-    one = presets.select("auto", "text", cluster={"GPU": 8.0, "accelerator_type:A100-80G": 1.0}, replicas_per_gpu=1)
+    one = fitting.select("auto", "text", cluster={"GPU": 8.0, "accelerator_type:A100-80G": 1.0}, replicas_per_gpu=1)
     assert one.concurrency == 8 and "one replica per GPU (8)" in dict(one.reasons)["concurrency"]
 
 
@@ -232,18 +239,18 @@ def test_auto_on_4_l4s_and_2_t4s_uses_tensor_parallelism_only_where_the_model_do
 def test_auto_on_an_unknown_gpu_type_uses_measured_memory_or_says_what_to_do():
     p = _auto("text", GPU=2.0, gpu_memory_gib=192.0, **{"accelerator_type:B300": 1.0})
     assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size, p.gpus) == ("B300", 4, 1, 2)
-    with pytest.raises(presets.AutoPresetError, match="does not know 'B300'"):
+    with pytest.raises(fitting.AutoPresetError, match="does not know 'B300'"):
         _auto("text", GPU=1.0, **{"accelerator_type:B300": 1.0})
 
 
 def test_auto_never_falls_back_to_cpus_on_a_remote_cluster_without_gpus_yet():
-    with pytest.raises(presets.AutoPresetError, match="min_nodes: 0.*Name a preset"):
+    with pytest.raises(fitting.AutoPresetError, match="min_nodes: 0.*Name a preset"):
         _auto("text", CPU=8.0, remote=True)
     assert _auto("text", CPU=8.0).name == "text-cpu-offline"  # a local machine without a GPU: the CPU preset
 
 
 def test_auto_sizes_the_offline_model_from_its_folder(smollm2_path):
-    p = presets.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:H100": 1.0},
+    p = fitting.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:H100": 1.0},
                        model_source=str(smollm2_path))
     assert p.model_source == str(smollm2_path) and p.concurrency == 2 and p.max_num_seqs == 512  # two share the GPU
     assert "(0.3 GiB each)" in dict(p.reasons)["replicas_per_gpu"]
@@ -256,7 +263,7 @@ def test_auto_sizes_the_offline_model_from_its_folder(smollm2_path):
 ])
 def test_a_local_gpu_is_named_as_ray_names_it(device_name, label):
     """A substring match took an L40S for an L4 and a GH200 for an H200 (and their memory with it)."""
-    assert presets._gpu_label(device_name) == label
+    assert gpus.gpu_label(device_name) == label
 
 
 def test_auto_on_a_gpu_it_does_not_know_by_name_uses_the_measured_memory():
@@ -286,7 +293,7 @@ def test_engine_defaults_are_what_vllm_llm_uses_there(monkeypatch, gpu, memory_g
     monkeypatch.setattr(platform, "is_tpu", lambda: False)
     tokens, seqs = arg_utils.EngineArgs.get_batch_defaults(world_size=1)
     expected = (tokens[UsageContext.LLM_CLASS], seqs[UsageContext.LLM_CLASS])
-    assert presets.offline_engine_defaults(gpu, None if gpu in presets.GPUS else memory_gib) == expected
+    assert gpus.offline_engine_defaults(gpu, None if gpu in gpus.GPUS else memory_gib) == expected
     # and what Ray's engine stage gets without them: vLLM's generic default, far less on a big GPU
     assert tokens.get(None, arg_utils.SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS) == 2048
 
@@ -294,7 +301,7 @@ def test_engine_defaults_are_what_vllm_llm_uses_there(monkeypatch, gpu, memory_g
 def test_every_preset_asks_for_the_offline_step_size():
     for p in presets.PRESETS.values():
         world = p.tensor_parallel_size * p.pipeline_parallel_size
-        assert p.engine_kwargs()["max_num_batched_tokens"] == presets.offline_engine_defaults(p.accelerator_type,
+        assert p.engine_kwargs()["max_num_batched_tokens"] == gpus.offline_engine_defaults(p.accelerator_type,
                                                                                              world_size=world)[0]
     assert presets.PRESETS["text-cpu-offline"].override(max_num_batched_tokens=512).engine_kwargs()[
         "max_num_batched_tokens"] == 512
@@ -318,7 +325,7 @@ def test_every_preset_skips_vllms_statistics_as_vllm_llm_does():
 
 def test_settings_table_says_why():
     p = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0})
-    rows = {r["parameter"]: r for r in presets.describe(p, {"ACCELERATOR_TYPE": None, "CONCURRENCY": None})}
+    rows = {r["parameter"]: r for r in fitting.describe(p, {"ACCELERATOR_TYPE": None, "CONCURRENCY": None})}
     assert rows["ACCELERATOR_TYPE"]["why"].startswith("detected 1 x H100")
     assert rows["CONCURRENCY"]["why"] and rows["max_num_seqs"]["why"]
     assert rows["max_num_batched_tokens"]["value"] == "16384" and "vllm.LLM" in rows["max_num_batched_tokens"]["why"]
@@ -328,19 +335,19 @@ def test_text_on_a_gpu_tokenizes_in_a_stage_of_its_own_and_nothing_else_does():
     """On an H100 the engine actor's thread holds a fast model back, tokenizing 21% of it
     (benchmarks/RESULTS.md): text on a GPU tokenizes in Ray's stage; a CPU and images do not."""
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
-    assert presets.select("auto", "text", cluster=h100).tokenize_stage is True
-    assert presets.select("text-llama8b-l4", "text").tokenize_stage is True
-    assert presets.select("auto", "text").tokenize_stage is False  # no GPU: the CPU preset
-    assert presets.select("auto", "vision", cluster=h100).tokenize_stage is False
-    assert presets.select("auto", "text", cluster=h100, tokenize_stage=False).tokenize_stage is False  # yours wins
-    assert presets.select("auto", "text", tokenize_stage=True).tokenize_stage is True
+    assert fitting.select("auto", "text", cluster=h100).tokenize_stage is True
+    assert fitting.select("text-llama8b-l4", "text").tokenize_stage is True
+    assert fitting.select("auto", "text").tokenize_stage is False  # no GPU: the CPU preset
+    assert fitting.select("auto", "vision", cluster=h100).tokenize_stage is False
+    assert fitting.select("auto", "text", cluster=h100, tokenize_stage=False).tokenize_stage is False  # yours wins
+    assert fitting.select("auto", "text", tokenize_stage=True).tokenize_stage is True
     with pytest.raises(ValueError, match="image prompts need vLLM's own processing"):
-        presets.select("vision-qwen3b-l4", "vision", tokenize_stage=True)
-    base = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto"}
-    rows = {r["parameter"]: r for r in presets.describe(presets.from_parameters("text", base, cluster=h100), base)}
+        fitting.select("vision-qwen3b-l4", "vision", tokenize_stage=True)
+    base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto"}
+    rows = {r["parameter"]: r for r in fitting.describe(fitting.from_parameters("text", base, cluster=h100), base)}
     assert rows["TOKENIZE_STAGE"]["value"] == "True" and rows["TOKENIZE_STAGE"]["why"].startswith("a GPU")
-    mine = presets.from_parameters("text", {**base, "TOKENIZE_STAGE": False}, cluster=h100)
-    rows = {r["parameter"]: r for r in presets.describe(mine, {**base, "TOKENIZE_STAGE": False})}
+    mine = fitting.from_parameters("text", {**base, "TOKENIZE_STAGE": False}, cluster=h100)
+    rows = {r["parameter"]: r for r in fitting.describe(mine, {**base, "TOKENIZE_STAGE": False})}
     assert rows["TOKENIZE_STAGE"] == {"parameter": "TOKENIZE_STAGE", "value": "False", "from": "your parameter",
                                       "why": ""}
 
@@ -349,14 +356,14 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     from helpers import data
 
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
-    base = {name: None for name in presets.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
+    base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
     rows = data.sample_size()  # the bundled sample as it is now (a copied project may replace it)
 
     def eager(task="text", sample_size=data.sample_size, **changes):
-        return presets.from_parameters(task, {**base, **changes}, cluster=h100, sample_size=sample_size).enforce_eager
+        return fitting.from_parameters(task, {**base, **changes}, cluster=h100, sample_size=sample_size).enforce_eager
 
-    sample = presets.from_parameters("text", base, cluster=h100, sample_size=data.sample_size)
-    why = {r["parameter"]: r["why"] for r in presets.describe(sample, base)}["ENFORCE_EAGER"]
+    sample = fitting.from_parameters("text", base, cluster=h100, sample_size=data.sample_size)
+    why = {r["parameter"]: r["why"] for r in fitting.describe(sample, base)}["ENFORCE_EAGER"]
     assert sample.enforce_eager and why.startswith(f"{rows:,} rows (at most 1,000)")
     assert eager("vision", sample_size=lambda: 24)  # the bundled images
     assert not eager(sample_size=lambda: 5_000)  # a bigger sample compiles
@@ -364,36 +371,36 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     assert eager(INPUT_PATH="s3://bucket/customers.csv", LIMIT=1_000) and not eager(INPUT_PATH="x.csv", LIMIT=1_001)
     assert eager(LIMIT=50_000)  # the bundled sample is still small
     assert not eager(ENFORCE_EAGER=False)  # yours wins
-    assert not presets.from_parameters("text", base, cluster=h100).enforce_eager  # no sample size given: unknown
+    assert not fitting.from_parameters("text", base, cluster=h100).enforce_eager  # no sample size given: unknown
 
     def never():
         raise AssertionError("the sample is counted only for a GPU run that may skip compilation")
 
-    cpu = presets.from_parameters("text", base, cluster={"CPU": 2.0}, sample_size=never)
+    cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, sample_size=never)
     assert cpu.enforce_eager and "enforce_eager" not in dict(cpu.reasons)  # a CPU runs eagerly anyway
 
 
 def test_the_bundled_samples_are_counted_as_they_are():
     import pandas as pd
 
-    from helpers import data, image_data
+    from helpers import data, sample_images
 
     assert data.sample_size() == len(pd.read_csv(data.sample_customers_path())) > 0
-    assert image_data.sample_size() == len(image_data.sample_files()) > 0
+    assert sample_images.sample_size() == len(sample_images.sample_files()) > 0
 
 
 def test_a_cpu_without_bfloat16_instructions_runs_the_engine_in_float32(monkeypatch):
-    assert presets.cpu_dtype({"avx2", "fma"})[0] == "float32"
-    assert presets.cpu_dtype({"avx512f", "avx512_bf16"}) == (
+    assert gpus.cpu_dtype({"avx2", "fma"})[0] == "float32"
+    assert gpus.cpu_dtype({"avx512f", "avx512_bf16"}) == (
         "auto", "this CPU computes bfloat16 natively (avx512_bf16): the checkpoint's bfloat16")
-    assert presets.cpu_dtype({"amx_bf16"})[0] == "auto"
-    monkeypatch.setattr(presets, "cpu_dtype", lambda: ("float32", "no bf16 here"))
-    cpu = presets.select("text-cpu-offline", "text")
+    assert gpus.cpu_dtype({"amx_bf16"})[0] == "auto"
+    monkeypatch.setattr(fitting, "cpu_dtype", lambda: ("float32", "no bf16 here"))
+    cpu = fitting.select("text-cpu-offline", "text")
     assert cpu.engine_kwargs()["dtype"] == "float32" and ("dtype", "no bf16 here") in cpu.reasons
-    assert presets.select("text-cpu-offline", "text", dtype="bfloat16").engine_kwargs()["dtype"] == "bfloat16"
-    gpu = presets.select("text-llama8b-l4", "text")
+    assert fitting.select("text-cpu-offline", "text", dtype="bfloat16").engine_kwargs()["dtype"] == "bfloat16"
+    gpu = fitting.select("text-llama8b-l4", "text")
     assert gpu.dtype is None and "dtype" not in gpu.engine_kwargs()  # GPUs: the checkpoint's dtype
-    table = {r["parameter"]: r for r in presets.describe(cpu, {})}
+    table = {r["parameter"]: r for r in fitting.describe(cpu, {})}
     assert table["dtype"]["value"] == "'float32'" and table["dtype"]["why"] == "no bf16 here"
 
 
@@ -406,15 +413,15 @@ def test_replicas_share_a_gpu_only_where_one_engine_cannot_fill_it():
     l4 = _auto("text", GPU=4.0, **{"accelerator_type:L4": 1.0})
     assert (l4.concurrency, l4.replicas_per_gpu) == (4, 1) and "KV cache" in dict(l4.reasons)["replicas_per_gpu"]
     # Long requests, images, or a model over several GPUs: one.
-    assert presets.select("auto", "text", cluster=h100, max_model_len=4096).replicas_per_gpu == 1
+    assert fitting.select("auto", "text", cluster=h100, max_model_len=4096).replicas_per_gpu == 1
     assert _auto("vision", **h100).replicas_per_gpu == 1
     # Your REPLICAS_PER_GPU wins, and the replicas and memory follow it.
-    one = presets.from_parameters("text", {"PRESET": "auto", "REPLICAS_PER_GPU": 1}, cluster=h100)
+    one = fitting.from_parameters("text", {"PRESET": "auto", "REPLICAS_PER_GPU": 1}, cluster=h100)
     assert (one.concurrency, one.max_num_seqs, one.engine_kwargs()["gpu_memory_utilization"]) == (2, 1024, 0.9)
     assert dict(one.reasons)["replicas_per_gpu"] == "your parameter"
-    three = presets.from_parameters("text", {"PRESET": "auto", "REPLICAS_PER_GPU": 3}, cluster=h100)
+    three = fitting.from_parameters("text", {"PRESET": "auto", "REPLICAS_PER_GPU": 3}, cluster=h100)
     assert (three.concurrency, three.gpus, three.engine_kwargs()["gpu_memory_utilization"]) == (6, 2, 0.29)
-    rows = {r["parameter"]: r for r in presets.describe(text, {"REPLICAS_PER_GPU": None})}
+    rows = {r["parameter"]: r for r in fitting.describe(text, {"REPLICAS_PER_GPU": None})}
     assert rows["REPLICAS_PER_GPU"]["value"] == "2" and "0.9 of the GPU shared by 2" in rows["gpu_memory_utilization"]["why"]
 
 
@@ -423,16 +430,19 @@ def test_shared_gpus_are_placed_as_fractions_and_checked_against_the_cluster():
     assert placement == {"accelerator_type": "H100", "placement_group_config": {"bundles": [{"GPU": 0.5, "CPU": 1.0}]}}
     assert engine.engine_placement("H100", gpus_per_replica=4) == {"accelerator_type": "H100"}  # tp: Ray's default
     budget = engine.CpuBudget(engine_cpus=1, engine_replicas=4, stage_cpus=0.1, stage_actors=8)
-    engine.check_schedulable({"CPU": 16, "GPU": 2, "accelerator_type:H100": 1}, budget, "H100", 0.5)  # 4 x 0.5 = 2
-    with pytest.raises(engine.UnschedulableError, match="4 engine replicas x 0.5 GPU need 2 GPUs"):
-        engine.check_schedulable({"CPU": 16, "GPU": 1, "accelerator_type:H100": 1}, budget, "H100", 0.5)
+    cluster.check_schedulable({"CPU": 16, "GPU": 2, "accelerator_type:H100": 1}, budget, "H100", 0.5)  # 4 x 0.5 = 2
+    with pytest.raises(cluster.UnschedulableError, match="4 engine replicas x 0.5 GPU need 2 GPUs"):
+        cluster.check_schedulable({"CPU": 16, "GPU": 1, "accelerator_type:H100": 1}, budget, "H100", 0.5)
 
 
 def test_the_kv_cache_estimate_is_the_memory_share_less_activations_and_weights():
     shape = shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"]
-    estimate = presets.kv_cache_estimate(shape, 80, 0.9)
+    estimate = gpus.kv_cache_estimate(shape, 80, 0.9)
     assert estimate == pytest.approx(80 * shapes.GIB * 0.9 * 0.9 - shape.parameters * 2)
-    assert presets.kv_cache_estimate(shape, 80, 0.44) < estimate / 2
+    assert gpus.kv_cache_estimate(shape, 80, 0.44) < estimate / 2
+
+
+LLAMA_8B = "unsloth/Llama-3.1-8B-Instruct"
 
 
 def test_replicas_that_share_a_gpu_get_a_stated_kv_cache(tmp_path):
@@ -441,24 +451,24 @@ def test_replicas_that_share_a_gpu_get_a_stated_kv_cache(tmp_path):
     # Two (or three) engines on one GPU: each gets the kit's estimate for its share, not what vLLM
     # would measure while the other engines load (that counts their memory as its own).
     for share, memory_share in ((2, 0.44), (3, 0.29)):
-        p = presets.select("auto", "text", cluster=h100, replicas_per_gpu=share)
+        p = fitting.select("auto", "text", cluster=h100, replicas_per_gpu=share, model_source=LLAMA_8B)
         kwargs = p.engine_kwargs()
-        expected = presets.kv_cache_estimate(shape, 79.2, memory_share)
+        expected = gpus.kv_cache_estimate(shape, 79.2, memory_share)
         assert kwargs["gpu_memory_utilization"] == memory_share
         assert expected - 2**20 < kwargs["kv_cache_memory_bytes"] <= expected
         assert kwargs["kv_cache_memory_bytes"] % 2**20 == 0
-        rows = {r["parameter"]: r for r in presets.describe(p, {"REPLICAS_PER_GPU": share})}
+        rows = {r["parameter"]: r for r in fitting.describe(p, {"REPLICAS_PER_GPU": share})}
         assert f"{share} engines that share a GPU" in rows["kv_cache_memory_bytes"]["why"]
     # One engine per GPU, a CPU, an unknown model: vLLM measures its cache itself, as alone it can.
-    one = presets.select("auto", "text", cluster=h100, replicas_per_gpu=1)
+    one = fitting.select("auto", "text", cluster=h100, replicas_per_gpu=1, model_source=LLAMA_8B)
     assert "kv_cache_memory_bytes" not in one.engine_kwargs() and one.kv_cache_budget is None
-    assert "kv_cache_memory_bytes" not in {r["parameter"] for r in presets.describe(one, {})}
+    assert "kv_cache_memory_bytes" not in {r["parameter"] for r in fitting.describe(one, {})}
     assert PRESETS["text-cpu-offline"].kv_cache_budget is None
-    assert presets.select("auto", "text", cluster=h100, replicas_per_gpu=2,
+    assert fitting.select("auto", "text", cluster=h100, replicas_per_gpu=2,
                           model_source=str(tmp_path / "no-such-model")).kv_cache_budget is None
     # A named preset with a shared GPU uses the type's memory.
-    named = presets.select("text-llama8b-h100", "text", replicas_per_gpu=2)
-    assert named.kv_cache_budget == pytest.approx(presets.kv_cache_estimate(shape, 80, 0.44), abs=2**20)
+    named = fitting.select("text-llama8b-h100", "text", replicas_per_gpu=2)
+    assert named.kv_cache_budget == pytest.approx(gpus.kv_cache_estimate(shape, 80, 0.44), abs=2**20)
 
 
 def test_the_budget_is_sized_for_the_folder_vllm_loads(tmp_path):
@@ -468,10 +478,10 @@ def test_the_budget_is_sized_for_the_folder_vllm_loads(tmp_path):
               "intermediate_size": 14336, "vocab_size": 49152, "tie_word_embeddings": False}
     (tmp_path / "config.json").write_text(json.dumps(config))
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
-    p = presets.select("auto", "text", cluster=h100, replicas_per_gpu=2, model_source=str(tmp_path))
+    p = fitting.select("auto", "text", cluster=h100, replicas_per_gpu=2, model_source=str(tmp_path))
     shape = shapes.ModelShape.from_config(config)
-    assert p.kv_cache_budget == pytest.approx(presets.kv_cache_estimate(shape, 79.2, 0.44), abs=2**20)
-    published = presets.kv_cache_estimate(shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"], 79.2, 0.44)
+    assert p.kv_cache_budget == pytest.approx(gpus.kv_cache_estimate(shape, 79.2, 0.44), abs=2**20)
+    published = gpus.kv_cache_estimate(shapes.KNOWN_MODELS["unsloth/Llama-3.1-8B-Instruct"], 79.2, 0.44)
     assert p.kv_cache_budget > published  # ~0.6B fewer weights: more room for the cache
 
 
@@ -492,11 +502,11 @@ def test_vllm_and_rays_engine_stage_take_the_kv_cache_budget():
 def test_auto_shares_a_gpu_by_what_was_measured():
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
     # Text: two engines, not three (3 measured 1.34x one raw engine where 2 did 1.69x).
-    text = presets.select("auto", "text", cluster=h100)
+    text = fitting.select("auto", "text", cluster=h100)
     assert text.replicas_per_gpu == 2 and "3 engines only 1.34x" in dict(text.reasons)["replicas_per_gpu"]
     # Captions as the notebook fits them (short): two engines of the 3B VLM share the GPU, each with
     # a stated KV cache; long requests keep one.
-    vision = presets.select("auto", "vision", cluster=h100, max_model_len=192)
+    vision = fitting.select("auto", "vision", cluster=h100, max_model_len=192)
     assert (vision.concurrency, vision.replicas_per_gpu, vision.actor_pool) == (2, 2, (2, 2))
     assert "2.46x" in dict(vision.reasons)["replicas_per_gpu"] and vision.kv_cache_budget > 20 * shapes.GIB
-    assert presets.select("auto", "vision", cluster=h100, max_model_len=8192).replicas_per_gpu == 1
+    assert fitting.select("auto", "vision", cluster=h100, max_model_len=8192).replicas_per_gpu == 1

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from conftest import load_script
-from helpers import image_data, storage
+from helpers import image_data, sample_images, storage
 
 from conftest import BUCKET
 
@@ -87,7 +87,7 @@ def test_remote_layouts_are_listed_not_guessed(s3):
 def test_captioning_notebook_on_webdataset_shards_in_s3(s3, runner, tmp_path):
     # BLIP3o's layout: .tar shards of <key>.jpg + <key>.txt, keys restarting in every shard. The
     # kit's corpus of awkward and broken files, split over two shards, plus a sample with no image.
-    corpus = list(image_data.sample_files().items())
+    corpus = list(sample_images.sample_files().items())
     half = len(corpus) // 2
     expected = {}
     for shard, part in (("shard-000000.tar", corpus[:half]), ("shard-000001.tar", corpus[half:])):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import outputs, report
+from helpers import output_dir, outputs, report, run_stats
 
 LABELS = ["A", "B", "C"]
 
@@ -30,7 +30,8 @@ def test_charts_are_written(tmp_path):
 
 
 def result(answered, errors, read_now, written_before=0):
-    from helpers.pipeline import RunResult, Throughput
+    from helpers.pipeline import RunResult
+    from helpers.run_stats import Throughput
 
     return RunResult(root=Path("."), answered=answered, errors=errors, rows_entered_now=read_now,
                      rows_written_now=len(answered) + len(errors) - written_before,
@@ -40,7 +41,7 @@ def result(answered, errors, read_now, written_before=0):
 
 
 def test_throughput_end_to_end_and_steady_state():
-    t = report.throughput(result(pd.DataFrame(), pd.DataFrame(), 0))
+    t = run_stats.throughput_table(result(pd.DataFrame(), pd.DataFrame(), 0))
     assert t["rows/s, end to end"] == 2 and t["rows/s, steady state"] == 9
     assert t["steady state"] == "fitted over 9 result files"
     assert t["input tokens/row"] == 50 and t["output tokens/row"] == 3 and t["output tokens/s, steady state"] == 27
@@ -50,11 +51,11 @@ def test_a_steady_state_not_measured_is_null_in_the_summary_with_its_reason(tmp_
     import dataclasses
     import json
 
-    from helpers.pipeline import Throughput
+    from helpers.run_stats import Throughput
 
     unmeasured = dataclasses.replace(result(pd.DataFrame(), pd.DataFrame(), 0), root=tmp_path, throughput=Throughput(
         rows=24, seconds=51.4, steady_basis="not measured: 2 result files, fewer than 5"))
-    table = report.throughput(unmeasured)
+    table = run_stats.throughput_table(unmeasured)
     assert math.isnan(table["rows/s, steady state"]) and table["steady state"].startswith("not measured")
 
     def no_nan(constant):  # Python writes NaN into JSON unless told not to; JSON has no NaN
@@ -152,12 +153,12 @@ def test_identical_rows_with_ids_from_content_are_each_answered_and_accounted_fo
 
 def test_prepare_output_dir_moves_earlier_results_aside_and_deletes_nothing(tmp_path):
     out = tmp_path / "o"
-    outputs.claim_output_dir(out)  # an earlier run's folder
+    output_dir.claim_output_dir(out)  # an earlier run's folder
     (out / outputs.PARTS / "classified").mkdir(parents=True)
     (out / outputs.PARTS / "classified" / "old.parquet").write_text("x")
     (out / outputs.PREDICTIONS).write_text("old")
     (out / "my_notes.txt").write_text("keep me")
-    run = outputs.prepare_output_dir(str(out))
+    run = output_dir.prepare_output_dir(str(out))
     assert run.root == out.resolve() and not run.resume
     assert run.message.startswith("starting fresh (the earlier results are kept in ")
     (kept,) = (out / outputs.EARLIER).iterdir()
@@ -166,11 +167,11 @@ def test_prepare_output_dir_moves_earlier_results_aside_and_deletes_nothing(tmp_
     assert (kept / outputs.PREDICTIONS).read_text() == "old"
     assert not (out / outputs.PARTS).exists() and not (out / outputs.PREDICTIONS).exists()
     assert (out / "my_notes.txt").read_text() == "keep me"
-    again = outputs.prepare_output_dir(str(out))  # nothing new to move: the earlier folder stays as it is
+    again = output_dir.prepare_output_dir(str(out))  # nothing new to move: the earlier folder stays as it is
     assert again.message == "starting fresh" and len(list((out / outputs.EARLIER).iterdir())) == 1
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError):
-        outputs.prepare_output_dir(str(tmp_path / "file"))
+        output_dir.prepare_output_dir(str(tmp_path / "file"))
 
 
 def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
@@ -179,8 +180,8 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
     (training / "checkpoint").mkdir(parents=True)
     (training / "checkpoint" / "step-1000.pt").write_text("weights")
     (training / "parts").mkdir()
-    with pytest.raises(outputs.NotTheKitsFolderError, match="not empty and was not written by this kit.*checkpoint"):
-        outputs.prepare_output_dir(str(training), settings={"a": 1})
+    with pytest.raises(output_dir.NotTheKitsFolderError, match="not empty and was not written by this kit.*checkpoint"):
+        output_dir.prepare_output_dir(str(training), settings={"a": 1})
     assert (training / "checkpoint" / "step-1000.pt").read_text() == "weights" and (training / "parts").is_dir()
     assert not (training / outputs.MARKER).exists()
     # New, empty, or holding only papermill's output notebook: the kit's from now on.
@@ -188,13 +189,13 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
         folder.mkdir(exist_ok=folder.name != "new")
     (tmp_path / "papermill" / "text_classification.ipynb").write_text("{}")
     for folder in (tmp_path / "new", tmp_path / "empty", tmp_path / "papermill"):
-        assert outputs.prepare_output_dir(str(folder)).root == folder.resolve()
+        assert output_dir.prepare_output_dir(str(folder)).root == folder.resolve()
         assert (folder / outputs.MARKER).is_file()
     # Results of a kit version that wrote no marker: its run.json says whose they are.
     legacy = tmp_path / "legacy"
     (legacy / outputs.PARTS).mkdir(parents=True)
     (legacy / outputs.RUN_FILE).write_text('{"fingerprint": "abc", "settings": {}}')
-    outputs.prepare_output_dir(str(legacy))
+    output_dir.prepare_output_dir(str(legacy))
     assert not (legacy / outputs.PARTS).exists() and len(list((legacy / outputs.EARLIER).glob("*/parts"))) == 1
 
 
@@ -208,7 +209,7 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
 
     settings = {"model": "m"}
     out = tmp_path / "o"
-    run = outputs.prepare_output_dir(str(out), resume=True, settings=settings)
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
     parts, checkpoint = Path(run.parts("results").path), Path(run.checkpoint("results").path)
     parts.mkdir(parents=True)
     checkpoint.mkdir(parents=True)
@@ -217,7 +218,7 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
     pq.write_table(pa.table({"id": [str(i) for i in range(10)]}), checkpoint / "done.parquet")
     pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), parts / "killed_000000_000000.parquet")
     pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), checkpoint / "killed.pending.parquet")
-    run = outputs.prepare_output_dir(str(out), resume=True, settings=settings)
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
     assert run.message.startswith("resuming")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
@@ -233,7 +234,7 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
 
 
 def interrupted_run(out, settings):
-    outputs.prepare_output_dir(str(out), resume=True, settings=settings)
+    output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
     (out / outputs.PARTS / "classified").mkdir(parents=True)
     (out / outputs.PARTS / "classified" / "done.parquet").write_text("rows")
     (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
@@ -246,7 +247,7 @@ def interrupted_run(out, settings):
 def test_resume_keeps_an_interrupted_runs_parts_with_the_same_settings(tmp_path):
     out = tmp_path / "o"
     interrupted_run(out, {"model": "a"})
-    run = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "a"})
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings={"model": "a"})
     assert run.resume and run.message.startswith("resuming an interrupted run")
     assert run.rows_done == 2  # committed ids only: a pending checkpoint's rows are not done
     assert (out / outputs.PARTS / "classified" / "done.parquet").exists()
@@ -263,18 +264,18 @@ def test_an_interrupted_run_that_would_not_resume_stops_the_run_and_is_left_byte
     interrupted_run(out, {"model": "a", "limit": 30, "request": {"messages": [{"content": "Classify."}]}})
     before = _files(out)
     changed = {"model": "b", "limit": 40, "request": {"messages": [{"content": "Classify, briefly."}]}}
-    with pytest.raises(outputs.InterruptedRunError) as stopped:
-        outputs.prepare_output_dir(str(out), resume=True, settings=changed)
+    with pytest.raises(output_dir.InterruptedRunError) as stopped:
+        output_dir.prepare_output_dir(str(out), resume=True, settings=changed)
     message = str(stopped.value)
     assert "2 rows finished" in message and "START_OVER=True" in message and "RESUME=True" in message
     assert "model: 'a' -> 'b'" in message and "limit: 30 -> 40" in message
     assert "request.messages[0].content: 'Classify.' -> 'Classify, briefly.'" in message
     assert _files(out) == before  # nothing touched, not even run.json
-    with pytest.raises(outputs.InterruptedRunError, match="RESUME is False"):
-        outputs.prepare_output_dir(str(out), resume=False, settings={"model": "a"})
+    with pytest.raises(output_dir.InterruptedRunError, match="RESUME is False"):
+        output_dir.prepare_output_dir(str(out), resume=False, settings={"model": "a"})
     assert _files(out) == before
     # Your explicit choice: start over; the interrupted run's files are kept, byte for byte.
-    run = outputs.prepare_output_dir(str(out), resume=True, settings=changed, start_over=True)
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=changed, start_over=True)
     assert run.message.startswith("starting fresh (the earlier results are kept in") and run.rows_done == 0
     (kept,) = (out / outputs.EARLIER).iterdir()
     assert {k: v for k, v in before.items() if k.startswith((outputs.PARTS, outputs.CHECKPOINT))} == \
@@ -285,10 +286,10 @@ def test_an_interrupted_run_that_would_not_resume_stops_the_run_and_is_left_byte
 
 def test_results_in_memory_are_refused_once_a_later_run_moved_them(tmp_path):
     out = tmp_path / "o"
-    first = outputs.prepare_output_dir(str(out), settings={"a": 1})
+    first = output_dir.prepare_output_dir(str(out), settings={"a": 1})
     first.check_current()
     (out / outputs.PREDICTIONS).write_text("rows")
-    outputs.prepare_output_dir(str(out), settings={"a": 1})
+    output_dir.prepare_output_dir(str(out), settings={"a": 1})
     with pytest.raises(outputs.ResultsMovedError, match="Run the notebook from the 'Run the pipeline' cell down"):
         first.check_current()
 
@@ -306,10 +307,10 @@ def test_only_committed_checkpoints_count(tmp_path):
 
 def test_an_emptied_checkpoint_folder_means_a_fresh_start(tmp_path):
     out = tmp_path / "o"
-    outputs.prepare_output_dir(str(out), resume=True, settings={"a": 1})
+    output_dir.prepare_output_dir(str(out), resume=True, settings={"a": 1})
     (out / outputs.CHECKPOINT / "classified").mkdir(parents=True)
     (out / outputs.PARTS / "classified").mkdir(parents=True)
-    run = outputs.prepare_output_dir(str(out), resume=True, settings={"a": 1})
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings={"a": 1})
     assert run.message.startswith("starting fresh (the earlier results are kept in") and not (out / outputs.PARTS).exists()
 
 
@@ -391,14 +392,14 @@ def test_an_edited_preprocess_starts_fresh_not_a_mix_of_old_and_new_answers(tmp_
     assert first != outputs.describe_request(preprocess({"v": 1}))  # other pixels
     out = tmp_path / "o"
     interrupted_run(out, {"model": "a", "request": first})
-    same = outputs.prepare_output_dir(str(out), resume=True, settings={"model": "a", "request": first})
+    same = output_dir.prepare_output_dir(str(out), resume=True, settings={"model": "a", "request": first})
     assert same.message.startswith("resuming")
     other = tmp_path / "other"
     interrupted_run(other, {"model": "a", "request": first})
     edited = outputs.describe_request(preprocess({"v": 0}, extra=" Be brief."))
-    with pytest.raises(outputs.InterruptedRunError, match=r"request\.messages\[0\]\.content\[0\]\.text: 'Describe\.' -> 'Describe\. Be brief\.'"):
-        outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
-    run = outputs.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited}, start_over=True)
+    with pytest.raises(output_dir.InterruptedRunError, match=r"request\.messages\[0\]\.content\[0\]\.text: 'Describe\.' -> 'Describe\. Be brief\.'"):
+        output_dir.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
+    run = output_dir.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited}, start_over=True)
     assert json.loads((other / outputs.RUN_FILE).read_text())["settings"]["request"] == edited  # readable in run.json
 
 
@@ -414,12 +415,12 @@ Operator 3 MapBatches(ChatTemplateUDF): 4 tasks executed, 4 blocks produced in 2
 
 
 def test_the_throughput_section_shows_one_row_per_stage_slowest_first_and_keeps_rays_text(tmp_path):
-    table = report.stage_table(STATS, tmp_path / "ray_stats.txt")
+    table = run_stats.stage_table(STATS, tmp_path / "ray_stats.txt")
     assert list(table.index) == ["MapBatches(vLLMEngineStageUDF)", "ReadCSV->SplitBlocks(8)", "MapBatches(ChatTemplateUDF)"]
     assert table.loc["MapBatches(vLLMEngineStageUDF)", "rows out"] == 307
     assert table.loc["MapBatches(ChatTemplateUDF)", "wall time (s)"] == 0.24
     assert (tmp_path / "ray_stats.txt").read_text() == STATS
-    assert report.stage_table("(no statistics: ...)").empty
+    assert run_stats.stage_table("(no statistics: ...)").empty
 
 
 def test_captions_draw_without_tofu():
@@ -432,7 +433,7 @@ def test_captions_draw_without_tofu():
 def test_a_write_never_overwrites_result_files_it_would_not_resume(tmp_path):
     """Ray's write with mode="overwrite" deletes what the folder holds: a write that does not resume
     refuses a folder with result files (prepare_output_dir has moved an earlier run's aside)."""
-    out = outputs.prepare_output_dir(str(tmp_path / "o"), resume=True, settings={})
+    out = output_dir.prepare_output_dir(str(tmp_path / "o"), resume=True, settings={})
     parts = Path(out.parts("results").path)
     parts.mkdir(parents=True)
     pd.DataFrame({"id": ["1"]}).to_parquet(parts / "done.parquet")

@@ -91,15 +91,15 @@ def test_text_run_with_a_limit_resumes_after_kill_with_exact_once_rows(tmp_path)
 
 @pytest.mark.slow
 def test_captioning_run_resumes_after_kill_with_exact_once_images(tmp_path):
-    from helpers import image_data
+    from helpers import image_data, sample_images
 
     # Two shards whose keys repeat (each starts at 000000, as real webdataset shards do): resuming
     # must key on shard + key, or a re-run skips images of one shard because the other finished them.
-    sample = list(image_data.sample_files().items()) * 2
+    sample = list(sample_images.sample_files().items()) * 2
     shards = {}
     for shard in ("shard-000000.tar", "shard-000001.tar"):
         files = {f"{i:06d}": data for i, (_, data) in enumerate(sample)}
-        image_data.write_webdataset(files, tmp_path / "data" / shard)
+        sample_images.write_webdataset(files, tmp_path / "data" / shard)
         shards.update({f"{shard}/{i:06d}": name for i, (name, _) in enumerate(sample)})
     broken = {sid for sid, name in shards.items() if name.startswith("broken_")}
     params = {"INPUT_PATH": str(tmp_path / "data"), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}

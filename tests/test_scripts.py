@@ -66,11 +66,11 @@ def test_the_runner_redacts_secrets_papermill_wrote_into_the_executed_notebook(t
 
 
 def test_the_runner_refuses_an_output_folder_that_is_not_the_kits(tmp_path):
-    from helpers import outputs
+    from helpers import output_dir
 
     runner = load_script("run_notebooks")
     (tmp_path / "text_classification" / "checkpoint").mkdir(parents=True)
-    with pytest.raises(outputs.NotTheKitsFolderError):
+    with pytest.raises(output_dir.NotTheKitsFolderError):
         runner.run("text_classification", tmp_path, {})
     assert (tmp_path / "text_classification" / "checkpoint").is_dir()
 
@@ -92,11 +92,34 @@ def test_run_notebooks_reads_each_notebooks_defaults():
     assert vision["IMAGE_TOKENS"] == 64 and "LABELS" not in vision
 
 
-def test_readme_parameter_tables_match_the_notebooks(repo):
+def test_readme_and_docs_generated_tables_match_their_sources(repo):
+    """The parameter tables (from the notebooks) and the presets table (from helpers.presets), in
+    whichever of README.md and docs/*.md holds them."""
     render = load_script("render_readme")
-    text = (repo / "README.md").read_text(encoding="utf-8")
-    assert "<!-- params:text_classification -->" in text and "<!-- params:vlm_captioning -->" in text
-    assert render.render(text) == text, "run: python scripts/render_readme.py"
+    pages = render.pages(repo)
+    assert repo / "README.md" in pages and repo / "docs" / "parameters.md" in pages
+    texts = {path: path.read_text(encoding="utf-8") for path in pages}
+    every = "".join(texts.values())
+    for marker in ("<!-- params:text_classification -->", "<!-- params:vlm_captioning -->", "<!-- presets -->"):
+        assert every.count(marker) == 1, f"{marker} should be in exactly one of README.md and docs/*.md"
+    for path, text in texts.items():
+        assert render.render(text) == text, f"{path.relative_to(repo)}: run python scripts/render_readme.py"
+    assert render.main(["--check"]) == 0
+
+
+def test_render_readme_check_names_a_stale_docs_page_and_a_run_fixes_it(tmp_path, capsys):
+    render = load_script("render_readme")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# no generated blocks here\n")
+    page = tmp_path / "docs" / "params.md"
+    stale = "# Parameters\n\n<!-- params:vlm_captioning -->\n| an old table |\n<!-- /params:vlm_captioning -->\n"
+    page.write_text(stale)
+    assert render.main(["--check"], root=tmp_path) == 1
+    assert "docs/params.md" in capsys.readouterr().out and page.read_text() == stale  # --check writes nothing
+    assert render.main([], root=tmp_path) == 0
+    assert "| `IMAGE_COLUMN` |" in page.read_text() and "an old table" not in page.read_text()
+    assert render.main(["--check"], root=tmp_path) == 0
+    assert (tmp_path / "README.md").read_text() == "# no generated blocks here\n"
 
 
 def test_sample_customers_check_mode_detects_drift(repo, tmp_path, monkeypatch):

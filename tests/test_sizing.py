@@ -1,4 +1,4 @@
-"""How big the whole input is (helpers.sizing), and what it would take (report.projection)."""
+"""How big the whole input is (helpers.sizing), and what it would take (run_stats.projection)."""
 
 import io
 import tarfile
@@ -6,8 +6,9 @@ import tarfile
 import pandas as pd
 import pytest
 
-from helpers import image_data, report, sizing
-from helpers.pipeline import RunResult, Throughput
+from helpers import run_stats, sample_images, sizing
+from helpers.pipeline import RunResult
+from helpers.run_stats import Throughput
 
 
 def companies(n: int) -> pd.DataFrame:
@@ -40,11 +41,11 @@ def test_parquet_is_counted_from_footers_and_images_by_files(tmp_path):
 
 
 def test_webdataset_samples_are_estimated_from_the_first_shard(tmp_path, monkeypatch):
-    files = image_data.sample_files()  # 24 samples, each a key with one image member
-    one = image_data.write_webdataset(files, tmp_path / "one" / "shard-000.tar")
+    files = sample_images.sample_files()  # 24 samples, each a key with one image member
+    one = sample_images.write_webdataset(files, tmp_path / "one" / "shard-000.tar")
     assert sizing.input_size(str(one), "webdataset").rows == len(files)
     for i in range(4):
-        image_data.write_webdataset(files, tmp_path / "four" / f"shard-{i:03d}.tar")
+        sample_images.write_webdataset(files, tmp_path / "four" / f"shard-{i:03d}.tar")
     monkeypatch.setattr(sizing, "TAR_SAMPLE_BYTES", one.stat().st_size // 2)  # read half a shard
     size = sizing.input_size(str(tmp_path / "four"), "webdataset")
     assert abs(size.rows - 4 * len(files)) <= 0.35 * 4 * len(files), size  # image sizes vary a lot
@@ -72,14 +73,14 @@ def run(steady: float, basis: str = "fitted over 9 result files"):
 
 def test_projection_from_the_steady_rate_or_why_not():
     whole = sizing.InputSize(2_000_000, "counted: the footers of 4 parquet files")
-    p = report.projection(run(steady=500.0), whole, gpus=4)
+    p = run_stats.projection(run(steady=500.0), whole, gpus=4)
     assert p["whole input, projected hours"] == round(2_000_000 / 500 / 3600, 2)
     assert p["whole input, projected GPU-hours"] == round(4 * 2_000_000 / 500 / 3600, 2)
     assert p["whole input, size from"] == whole.basis and "500.00 rows/s" in p["whole input, projected from"]
-    assert report.projection(run(500.0), whole, gpus=0)["whole input, projected GPU-hours"] == "none: a CPU run"
-    unmeasured = report.projection(run(float("nan"), "too few result files (2)"), whole, gpus=1)
+    assert run_stats.projection(run(500.0), whole, gpus=0)["whole input, projected GPU-hours"] == "none: a CPU run"
+    unmeasured = run_stats.projection(run(float("nan"), "too few result files (2)"), whole, gpus=1)
     assert unmeasured["whole input, projected hours"] == "not projected: no steady rate (too few result files (2))"
-    unknown = report.projection(run(500.0), sizing.InputSize(None, "compressed files"), gpus=1)
+    unknown = run_stats.projection(run(500.0), sizing.InputSize(None, "compressed files"), gpus=1)
     assert unknown["whole input, projected hours"] == "not projected: the input's size is unknown"
-    table = report.throughput(run(500.0), whole, gpus=4)
+    table = run_stats.throughput_table(run(500.0), whole, gpus=4)
     assert table["whole input, rows"] == 2_000_000 and "whole input, projected GPU-hours" in table

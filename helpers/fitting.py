@@ -1,0 +1,288 @@
+"""Fitting a preset to the hardware and the parameters: ``PRESET="auto"``, parameter overrides, the
+decisions left to the kit (dtype, tokenize stage, eager runs), and the settings table that says why."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from helpers.models import OFFLINE
+from helpers.gpus import GPUS, RAY_STEP_TOKENS_NOTE, cpu_dtype, kv_cache_estimate, offline_engine_defaults
+from helpers.presets import CPU_PRESET, DEFAULT_GPU_PRESET, PRESETS, Preset, names
+
+
+class AutoPresetError(RuntimeError):
+    """``PRESET="auto"`` cannot choose safely from what the cluster shows; the message says what to do."""
+
+
+def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
+          replicas_per_gpu: int | None = None, max_model_len: int | None = None) -> Preset:
+    """The run configuration that fits ``cluster`` (see :func:`select`)."""
+    import math
+
+    from helpers.shapes import GIB, model_shape
+
+    gpus = int(cluster.get("GPU", 0))
+    if gpus == 0:
+        if cluster.get("remote"):
+            raise AutoPresetError(
+                "PRESET='auto' found no GPUs on the Ray cluster (one that scales from zero, like job.yaml's "
+                "min_nodes: 0, shows none until work asks for them), and will not fall back to the CPU preset "
+                f"there. Name a preset for the GPUs you want, e.g. PRESET={DEFAULT_GPU_PRESET[task]!r} "
+                f"(presets: {names(task)[1:]}).")
+        return PRESETS[CPU_PRESET[task]].override(description="auto: no GPU visible, so the offline CPU preset")
+    types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
+    gpu_type = types[0] if types else None
+    base = PRESETS[DEFAULT_GPU_PRESET[task]]
+    # The offline model unless you name one: the defaults run wherever they run, with no download.
+    # It is fitted as the tutorial's model (the safe side: a tiny model needs less of everything).
+    model = model_source if model_source not in (None, OFFLINE) else base.model_source
+    known = GPUS.get(gpu_type or "")
+    # Measured memory (a local GPU) first: the same type comes in several sizes (A100: 40 or 80 GiB).
+    memory = cluster.get("gpu_memory_gib") or (known.memory_gib if known else None)
+    reasons = {}
+    if model_source is None:
+        reasons["model_source"] = (f"the offline model, so the defaults run anywhere with no download; set MODEL_SOURCE "
+                                   f"to a hub id or folder for a real one (the tutorial's: {base.model_source})")
+    if memory is None:
+        memory = min(g.memory_gib for g in GPUS.values())
+        reasons["accelerator_type"] = (f"detected {gpus} x {gpu_type or 'GPU of no reported type'}; memory unknown, "
+                                       f"so the smallest known ({memory:g} GiB) is assumed")
+    else:
+        reasons["accelerator_type"] = f"detected {gpus} x {gpu_type} ({memory:.0f} GiB each)"
+    shape = model_shape(model)
+    budget = memory * GIB * base.gpu_memory_utilization * 0.9  # 10% for activations, as the checks assume
+    tp = 1
+    if shape is not None:
+        # Tensor parallelism only when the weights do not fit one GPU with room for a KV cache.
+        while shape.parameters * 2 / tp > 0.8 * budget and tp < min(gpus, 8):
+            tp *= 2
+        if shape.parameters * 2 / tp > 0.8 * budget:
+            assumed = "" if known or cluster.get("gpu_memory_gib") else (
+                f" (the kit does not know {gpu_type!r} and the cluster does not say its memory: "
+                f"{memory:g} GiB was assumed; set ACCELERATOR_TYPE, CONCURRENCY and MAX_MODEL_LEN yourself)")
+            raise AutoPresetError(f"PRESET='auto': {model} needs ~{shape.parameters * 2 / GIB:.0f} GiB of weights, "
+                                  f"more than {gpus} x {gpu_type} can hold{assumed}. Name a preset with more GPUs "
+                                  f"or quantization (presets: {names(task)[1:]}).")
+    length = max_model_len or base.max_model_len  # the run's, when known: the KV cache holds that many tokens a row
+    share, why_share = _replicas_per_gpu(task, shape, budget, tp, length, model)
+    if replicas_per_gpu is not None:  # yours: the replicas and memory below follow it
+        share, why_share = replicas_per_gpu, "your parameter"
+    replicas = max(1, gpus // tp) * share
+    reasons["concurrency"] = (f"{gpus} GPUs / {tp} per replica" if tp > 1 else
+                              f"{share} replicas on each of {gpus} GPUs" if share > 1 else f"one replica per GPU ({gpus})")
+    reasons["replicas_per_gpu"] = why_share
+    if tp > 1:
+        reasons["tensor_parallel_size"] = f"{model}'s weights do not fit one {gpu_type} with room for a KV cache"
+    step_tokens, max_num_seqs = offline_engine_defaults(gpu_type or "", memory)
+    reasons["max_num_batched_tokens"] = (f"what vllm.LLM takes per step on a {memory:.0f} GiB {gpu_type or 'GPU'} "
+                                         f"({RAY_STEP_TOKENS_NOTE})")
+    reasons["max_num_seqs"] = f"what vllm.LLM runs at once on a {memory:.0f} GiB {gpu_type or 'GPU'}"
+    if share > 1:
+        max_num_seqs //= share
+        reasons["max_num_seqs"] = f"{reasons['max_num_seqs']}, shared by its {share} replicas"
+    if shape is not None:
+        free = kv_cache_estimate(shape, memory, base.override(replicas_per_gpu=share).memory_share, tp)
+        fits = int(free / (shape.kv_bytes_per_token * length / tp))
+        cap = max_num_seqs
+        max_num_seqs = max(1, min(cap, 2 ** int(math.log2(max(fits, 1)))))
+        reasons["max_num_seqs"] = (f"~{free / GIB:.1f} GiB of KV cache per replica (the kit's estimate) holds {fits} "
+                                   f"full-length sequences of {length} tokens; capped at {cap}, "
+                                   f"{reasons['max_num_seqs']}")
+    # Ray's engine stage admits 1.1 x max_num_seqs requests at a time: keep twice that many rows queued
+    # per replica, so a finished batch's place is already taken when the engine asks for more.
+    slots = math.ceil(1.1 * max_num_seqs)
+    in_flight = 2 * -(-slots // base.batch_size)
+    if in_flight > base.max_concurrent_batches:
+        reasons["max_concurrent_batches"] = (f"twice the batches of {base.batch_size} that fill the engine's "
+                                             f"{slots} request slots (1.1 x max_num_seqs)")
+    num_blocks = max(base.num_blocks, 4 * replicas)
+    reasons["num_blocks"] = f"at least 4 per replica, and the {base.name} preset's {base.num_blocks}"
+    return base.override(
+        name=f"auto ({gpus}x{gpu_type})", model_source=model_source or OFFLINE, accelerator_type=gpu_type,
+        concurrency=replicas, tensor_parallel_size=tp,
+        replicas_per_gpu=share, gpu_memory_gib=cluster.get("gpu_memory_gib"),
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks,
+        max_concurrent_batches=max(base.max_concurrent_batches, in_flight),
+        description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
+
+
+#: Replicas that share a GPU when one engine cannot keep it busy (:func:`_replicas_per_gpu`).
+SHARED_GPU_REPLICAS = 2
+
+
+#: Requests this short (prompt + answer tokens) are where one engine's CPU side is the bottleneck.
+SHORT_REQUEST_TOKENS = 1024
+
+
+def _replicas_per_gpu(task: str, shape: Any, budget: float, tp: int, max_model_len: int,
+                      model: str) -> tuple[int, str]:
+    """How many engine replicas share each GPU, and why. Two, for short requests (text with a
+    structured choice, captions of at most :data:`SHORT_REQUEST_TOKENS` tokens in all) of a model
+    whose two copies take at most half the memory: one engine's CPU side (scheduling, structured-
+    output masks, request intake, image preparation) cannot keep a GPU busy there. Measured on an
+    H100 (benchmarks/RESULTS.md), each engine with its stated KV cache (:attr:`Preset.kv_cache_budget`):
+    8B shape, 100,000 prompts, in steady state against one raw vLLM engine: 2 engines 1.69x, 3 engines
+    1.34x (GPU 90% busy, but each of the three holds 6.9 GiB of KV cache, 128 sequences at once);
+    Qwen2.5-VL-3B shape, 10,000 images: 2 engines 2.46x, 1 engine 1.15x. Otherwise one: long
+    requests, a model that needs the memory or spans GPUs, or one of unknown size."""
+    from helpers.shapes import GIB
+
+    if tp > 1:
+        return 1, "the model spans several GPUs (tensor parallelism)"
+    if shape is None:
+        return 1, f"the size of {model} is unknown"
+    weights = shape.parameters * 2
+    if SHARED_GPU_REPLICAS * weights > budget / 2:
+        return 1, f"{SHARED_GPU_REPLICAS} copies of {model}'s weights ({weights / GIB:.0f} GiB each) would leave too little KV cache"
+    if max_model_len > SHORT_REQUEST_TOKENS:
+        return 1, f"requests up to {max_model_len} tokens keep one engine's GPU busy"
+    measured = ("H100, 8B: 2 engines 1.69x one raw engine in steady state; 3 engines only 1.34x, each "
+                "with a third of the KV cache" if task == "text" else
+                "H100, Qwen2.5-VL-3B, 10,000 images: 2 engines 2.46x one raw engine in steady state, 1 engine 1.15x")
+    return SHARED_GPU_REPLICAS, (f"short requests (<= {max_model_len} tokens) leave one engine's CPU side the bottleneck; "
+                                 f"{SHARED_GPU_REPLICAS} copies of the weights ({weights / GIB:.1f} GiB each) fit with "
+                                 f"room for KV cache ({measured})")
+
+
+def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **overrides: Any) -> Preset:
+    """The preset called ``name``, with ``overrides`` applied field by field.
+
+    ``"auto"`` chooses from ``cluster`` (``ray.cluster_resources()``-like; :func:`visible_cluster`
+    reads it; ``None``: no GPU): without GPUs, the offline CPU preset, except on a remote cluster
+    (``"remote": True``), where it raises :class:`AutoPresetError` instead of silently running on
+    CPUs. With GPUs: the task's GPU preset adapted to them, with the offline model unless
+    ``model_source`` names one (fitted as the preset's model): the GPU type and memory (known types, or
+    ``gpu_memory_gib`` measured), tensor parallelism only when the model (``model_source`` in
+    ``overrides``, else the preset's) does not fit one GPU, one replica per ``tp`` GPUs, and
+    ``max_num_seqs`` that fits the KV cache. The preset's ``reasons`` say why, field by field.
+    ``tokenize_stage`` left at None is decided here: on for text on a GPU, off on a CPU and for images.
+    """
+    if task not in CPU_PRESET:
+        raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
+    if name == "auto":
+        preset = _auto(task, cluster or {}, overrides.get("model_source"), overrides.get("replicas_per_gpu"),
+                       overrides.get("max_model_len"))
+    elif name in PRESETS:
+        preset = PRESETS[name]
+    else:
+        raise KeyError(f"no preset {name!r}; presets: {sorted(PRESETS)}")
+    if preset.task != task:
+        raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
+    preset = preset.override(**overrides) if overrides else preset
+    return _resolve_dtype(_resolve_tokenize_stage(preset))
+
+
+def _resolve_dtype(preset: Preset) -> Preset:
+    """``dtype`` decided for a CPU preset that leaves it to the kit (:func:`cpu_dtype`)."""
+    if preset.dtype is not None or preset.accelerator_type is not None:
+        return preset
+    dtype, why = cpu_dtype()
+    return preset.override(dtype=dtype, reasons=(*preset.reasons, ("dtype", why)))
+
+
+def _tokenize_stage_default(preset: Preset) -> tuple[bool, str]:
+    """Whether text is tokenized in a stage of its own when the preset leaves it to the kit, and why
+    (shown in the settings table)."""
+    if preset.task == "vision":
+        return False, "images: vLLM's own prompt processing places the image tokens"
+    if preset.accelerator_type is None:
+        return False, "a CPU: one more actor would compete with the engine for the cores"
+    return True, "a GPU: the engine actor's one thread only feeds the engine; a stage of its own tokenizes whole batches"
+
+
+def _resolve_tokenize_stage(preset: Preset) -> Preset:
+    """``tokenize_stage`` decided: ``None`` becomes :func:`_tokenize_stage_default`'s choice; on for
+    images is an error (vLLM must place the image tokens itself)."""
+    if preset.task == "vision" and preset.tokenize_stage:
+        raise ValueError("tokenize_stage is for text prompts; image prompts need vLLM's own processing")
+    if preset.tokenize_stage is not None:
+        return preset
+    return preset.override(tokenize_stage=_tokenize_stage_default(preset)[0])
+
+
+#: Notebook parameters that default to ``None``, meaning "take this field from PRESET".
+PARAMETER_FIELDS: dict[str, str] = {
+    "MODEL_SOURCE": "model_source", "ACCELERATOR_TYPE": "accelerator_type", "CONCURRENCY": "concurrency",
+    "REPLICAS_PER_GPU": "replicas_per_gpu",
+    "BATCH_SIZE": "batch_size", "MAX_CONCURRENT_BATCHES": "max_concurrent_batches", "MAX_MODEL_LEN": "max_model_len",
+    "NUM_BLOCKS": "num_blocks", "ENFORCE_EAGER": "enforce_eager", "TOKENIZE_STAGE": "tokenize_stage",
+}
+
+
+#: A GPU run that will read at most this many rows skips ``torch.compile`` and CUDA-graph capture
+#: when ``ENFORCE_EAGER`` is None: they pay for themselves only over many rows (on the H100, 23 s of a
+#: 157 s captioning pipeline for the 24 bundled images; benchmarks/RESULTS.md).
+SHORT_RUN_ROWS = 1_000
+
+
+def known_rows(parameters: Mapping[str, Any], sample_size: Callable[[], int] | None) -> int | None:
+    """Rows the run will read, when known before reading: the bundled sample's size
+    (``sample_size()``) when ``INPUT_PATH`` is None, at most ``LIMIT``; None for your own data
+    without a ``LIMIT``."""
+    limit = int(parameters["LIMIT"]) if parameters.get("LIMIT") else None
+    sample = sample_size() if sample_size is not None and parameters.get("INPUT_PATH") is None else None
+    known = [n for n in (sample, limit) if n is not None]
+    return min(known) if known else None
+
+
+def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mapping[str, Any] | None = None,
+                    sample_size: Callable[[], int] | None = None) -> Preset:
+    """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
+    parameter that is not ``None`` on top of it, field by field. With ``ENFORCE_EAGER=None``, a GPU
+    run of at most :data:`SHORT_RUN_ROWS` known rows (:func:`known_rows`; ``sample_size`` counts
+    the bundled sample, called only then) runs eagerly."""
+    from helpers.engine import concurrency_arg
+
+    overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
+                 if parameters.get(name) is not None}
+    if "concurrency" in overrides:  # papermill and YAML turn a (min, max) pair into a list
+        overrides["concurrency"] = concurrency_arg(overrides["concurrency"])
+    preset = select(parameters["PRESET"], task, cluster=cluster, **overrides)
+    if preset.accelerator_type and not preset.enforce_eager and "enforce_eager" not in overrides:
+        rows = known_rows(parameters, sample_size)
+        if rows is not None and rows <= SHORT_RUN_ROWS:
+            why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
+                   "capture, so the engine runs eagerly")
+            preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
+    return preset
+
+
+def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per preset-backed setting: its value, whether it came from the preset or a parameter,
+    and (for ``PRESET="auto"``) why that value was chosen; the replicas row always says the pool Ray
+    runs (fixed, or autoscaling for your pair)."""
+    from helpers.engine import describe_pool
+
+    why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
+           "tokenize_stage": _tokenize_stage_default(preset)[1],
+           **dict(preset.reasons)}
+    pool = describe_pool(preset.concurrency)
+    why["concurrency"] = f"{why['concurrency']}; {pool}" if why.get("concurrency") else pool
+    rows = []
+    for name, field in PARAMETER_FIELDS.items():
+        if name not in parameters:
+            continue
+        chosen = parameters[name] is not None
+        rows.append({"parameter": name, "value": repr(getattr(preset, field)),
+                     "from": "your parameter" if chosen else f"preset {preset.name}",
+                     "why": (pool if chosen else why[field]) if field == "concurrency" else
+                     ("" if chosen else why.get(field, ""))})
+    if preset.replicas_per_gpu > 1:
+        why.setdefault("gpu_memory_utilization", f"{preset.gpu_memory_utilization} of the GPU shared by "
+                                                 f"{preset.replicas_per_gpu} replicas, less 0.01 each for its CUDA context")
+    if preset.kv_cache_budget is not None:
+        why.setdefault("kv_cache_memory_bytes", f"the kit's estimate of {preset.kv_cache_budget / 2**30:.1f} GiB for each of "
+                                                f"the {preset.replicas_per_gpu} engines that share a GPU: vLLM's own "
+                                                "measurement counts the other engines' memory when they start together")
+    engine = {"max_num_seqs": preset.max_num_seqs, "max_num_batched_tokens": preset.step_tokens, "dtype": preset.dtype,
+              "gpu_memory_utilization": preset.memory_share if preset.accelerator_type else None,
+              "kv_cache_memory_bytes": preset.kv_cache_budget,
+              "tensor_parallel_size": preset.tensor_parallel_size,
+              "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization}
+    for field, value in engine.items():
+        if field == "kv_cache_memory_bytes" and value is None:  # vLLM measures it (one engine per GPU, a CPU)
+            continue
+        rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
+                     "why": why.get(field, "")})
+    return rows

@@ -1,0 +1,109 @@
+"""What a run will do, decided before Ray starts: the preset fitted to the GPUs, the model found, the
+input sized and the configuration checked (:func:`build`; each task's ``plan`` checks its parameters
+first), and the presets' tables of "Going further"."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from helpers import checks, cluster, fitting, models, sizing
+from helpers.inputs import Input
+from helpers.presets import PRESETS, Preset
+from helpers.shapes import model_shape
+from helpers.sizing import InputSize
+
+@dataclass(frozen=True)
+class Plan:
+    """One run's decisions: what it reads (``source``), the configuration (``config``, a preset fitted
+    to the hardware and your parameters), the model folder or id vLLM loads (``model_path``) and its
+    tokenizer, the whole input's size, and the configuration checks' warnings."""
+
+    task: str  # "text" or "vision"
+    source: Input
+    config: Preset
+    model_path: str
+    tokenizer: Any
+    input_size: InputSize  # rows (images) in the whole input, counted or estimated
+    warnings: list[str]
+    parameters: Mapping[str, Any] = field(repr=False, default_factory=dict)  # the notebook's, for the table
+    notes: tuple[str, ...] = ()  # task-specific lines for describe()
+
+    def describe(self, *extra: str) -> str:
+        """What was decided, a line each, then the checks' warnings (or that they passed)."""
+        lines = [f"preset {self.config.name}: {self.config.description}", f"model: {self.model_path}",
+                 f"input: {self.source.shown} ({self._layout()}; {self.input_size.basis})", *self.notes, *extra]
+        lines += [f"warning: {w}" for w in self.warnings] or ["configuration checks passed"]
+        return "\n".join(lines)
+
+    def _layout(self) -> str:
+        return self.source.encoding if self.source.format == "csv" else self.source.format
+
+    def settings(self) -> pd.DataFrame:
+        """The settings table: each preset-backed setting, where it came from and why
+        (:func:`helpers.fitting.describe`)."""
+        return pd.DataFrame(fitting.describe(self.config, self.parameters)).set_index("parameter")
+
+    def prompt_lengths(self, conversations: Sequence[list[dict[str, Any]]], max_tokens: int) -> str:
+        """Token lengths of sample prompts (your ``preprocess``'s messages) with the model's chat
+        template, and the ``max_model_len`` they suggest (:func:`helpers.checks.suggest_max_model_len`)."""
+        lengths = checks.suggest_max_model_len(self.tokenizer, conversations, max_tokens)
+        return (f"prompt tokens over {len(conversations)} rows: P50 {lengths['p50']}, P99 {lengths['p99']}, max "
+                f"{lengths['max']}; suggested max_model_len {lengths['max_model_len']} "
+                f"(this run: {self.config.max_model_len})")
+
+
+def _parameters(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: p[name] for name in fitting.PARAMETER_FIELDS if name in p}
+
+
+def _seen(p: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The GPUs "auto" fits to (it waits for a cluster that scales from zero); None for a named preset."""
+    return cluster.visible_cluster(wait_s=p["STARTUP_TIMEOUT_S"]) if p["PRESET"] == "auto" else None
+
+
+def _tokenizer(model_path: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def _checked(config: Preset, model_path: str, p: Mapping[str, Any], whole: InputSize) -> list[str]:
+    return checks.enforce(checks.check_preset(config, model_shape(model_path), rows=p["LIMIT"] or whole.rows))
+
+
+def build(task: str, p: Mapping[str, Any], source: Input, *, sample_size: Callable[[], int],
+          offline_builder: Callable[[], Any] | None = None, context: Callable[[Any], int] | None = None,
+          notes: Sequence[str] = ()) -> Plan:
+    """A plan from a notebook's parameters (``globals()``) and its checked ``source``: the preset
+    fitted to the GPUs "auto" sees (``sample_size`` counts the bundled sample, for short runs), the
+    model prepared (``offline_builder`` for the offline one), its tokenizer, the input sized, the
+    configuration checked (raises on errors). ``context``: the context length from the tokenizer,
+    where the task measures it; "auto" then fits the engine to it."""
+    seen = _seen(p)
+    config = fitting.from_parameters(task, p, cluster=seen, sample_size=sample_size)
+    builder = {"offline_builder": offline_builder} if offline_builder else {}
+    model_path = models.resolve_model_source(config.model_source, **builder)
+    tokenizer = _tokenizer(model_path, p["TRUST_REMOTE_CODE"])
+    if context is not None:
+        config = fitting.from_parameters(task, {**p, "MAX_MODEL_LEN": context(tokenizer)}, cluster=seen,
+                                         sample_size=sample_size)
+    whole = sizing.input_size(source.path, source.format, source.fs)
+    return Plan(task, source, config, model_path, tokenizer, whole, _checked(config, model_path, p, whole),
+                _parameters(p), tuple(notes))
+
+
+def overview(task: str) -> pd.DataFrame:
+    """The presets for ``task``, one row each (:func:`helpers.presets.overview`)."""
+    from helpers.presets import overview as rows
+
+    return pd.DataFrame(rows(task)).set_index("preset")
+
+
+def check_named(name: str, **overrides: Any) -> list[str]:
+    """The configuration checks' findings for the preset ``name`` (with ``overrides``), a line each."""
+    preset = PRESETS[name].override(**overrides) if overrides else PRESETS[name]
+    return [f"{f.level}: {f.message}" for f in checks.check_preset(preset)]
