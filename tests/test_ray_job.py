@@ -131,7 +131,7 @@ def test_a_cluster_running_on_this_machine_is_joined_as_ray_init_joins_it(local_
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["RAY_TMPDIR"] = local_cluster.ray_tmpdir  # where ray.init() looks for the running cluster
     env["LLM_KIT_HEARTBEAT_S"] = "5"  # a headless run's progress lines (every minute by default)
-    found = subprocess.run([sys.executable, "-c", "from helpers import engine; print(cluster.cluster_address())"],
+    found = subprocess.run([sys.executable, "-c", "from helpers import cluster; print(cluster.cluster_address())"],
                            env=env, capture_output=True, text=True, timeout=120)
     assert found.stdout.strip() == local_cluster.gcs, found.stderr[-2000:]
     out = tmp_path / "joined"
