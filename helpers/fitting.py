@@ -43,7 +43,8 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
     reasons = {}
     if model_source is None:
         reasons["model_source"] = (f"the offline model, so the defaults run anywhere with no download; set MODEL_SOURCE "
-                                   f"to a hub id or folder for a real one (the tutorial's: {base.model_source})")
+                                   f"to a hub id or folder for a real one (the tutorial's: {base.model_source}). The "
+                                   f"settings below are sized for {base.model_source}, which needs more than the offline one")
     if memory is None:
         memory = min(g.memory_gib for g in GPUS.values())
         reasons["accelerator_type"] = (f"detected {gpus} x {gpu_type or 'GPU of no reported type'}; memory unknown, "
