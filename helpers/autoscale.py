@@ -60,6 +60,8 @@ def autoscaler_from(v2_enabled: bytes | None, status: bytes | None, now: float) 
         return "unknown"
     types = {*(summary.get("active_nodes") or {}), *(summary.get("idle_nodes") or {}),
              *(summary.get("pending_launches") or {}), *(node[1] for node in summary.get("pending_nodes") or [])}
+    if not types:  # no node on time yet
+        return "unknown"
     return "v1" if any(not READONLY_NODE_TYPE.fullmatch(t) for t in types) else None
 
 

@@ -15,14 +15,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
+from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
 from test_multinode import RAY, _node_ports, run_notebook
+import test_ray_job
 from test_ray_job import free_port, ray_processes, stop_processes
+
+local_cluster = test_ray_job.local_cluster  # a plain head node: Ray's monitor, no autoscaling configuration
 
 CPU_WORKER = "ray.worker.cpu"
 GPU_WORKER = "ray.worker.l4"
@@ -56,28 +60,34 @@ def raylets(marker: str) -> list[str]:
     return [line for line in found if marker in line]
 
 
-@pytest.fixture(scope="module")
-def autoscaling_head():
-    """``(gcs address, env)``: a 1-CPU head whose monitor runs the fake provider. Stopped by PID
-    afterwards with every node it launched (never ``ray stop``), and checked: no raylet of it is left."""
+@contextmanager
+def autoscaling_cluster(v2: bool = False):
+    """``(gcs address, env)``: a 1-CPU head whose autoscaler (Ray's monitor; ``v2``: autoscaler v2, set up
+    as Ray's ``AutoscalingCluster`` does) runs the fake provider. Stopped by PID afterwards with every
+    node it launched (never ``ray stop``), and checked: no raylet of it is left."""
     ray_tmpdir = tempfile.mkdtemp(prefix="kitas-")  # short: Ray's socket paths must stay under ~100 characters
     temp_dir = os.path.join(ray_tmpdir, "ray")
     port = free_port()
     gcs = f"127.0.0.1:{port}"
-    config = Path(ray_tmpdir, "autoscaling.yaml")
-    config.write_text(yaml.safe_dump(cluster_config(gcs)))
+    config = cluster_config(gcs)
+    if v2:
+        config["provider"].update(launch_multiple=True, head_node_id=FAKE_HEAD_NODE_ID)
+    Path(ray_tmpdir, "autoscaling.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_FAKE_CLUSTER": "1", "RAY_TMPDIR": ray_tmpdir,
            "AUTOSCALER_UPDATE_INTERVAL_S": "2", "HF_HUB_OFFLINE": "1",
            # The worker nodes the monitor starts take this machine's loopback address, as the head has.
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # Ray would refuse the fake GPU node more GPUs than it lists
+    head_env = {**env, **({"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
+                           "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID} if v2 else {})}
     try:
         head = subprocess.run(
             [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
-             "--autoscaling-config", str(config), "--temp-dir", temp_dir, "--disable-usage-stats",
-             "--include-dashboard", "false", *_node_ports()],
-            env=env, capture_output=True, text=True, timeout=180)
+             "--autoscaling-config", str(Path(ray_tmpdir, "autoscaling.yaml")), "--temp-dir", temp_dir,
+             "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
+            env=head_env, capture_output=True, text=True, timeout=180)
         assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
         yield gcs, env
     finally:
@@ -85,6 +95,12 @@ def autoscaling_head():
         left = raylets(ray_tmpdir) + raylets(gcs)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
         assert not left and not ray_processes(temp_dir), left
+
+
+@pytest.fixture(scope="module")
+def autoscaling_head():
+    with autoscaling_cluster() as head:
+        yield head
 
 
 NODES = """
@@ -129,6 +145,15 @@ def test_a_named_cpu_preset_waits_for_the_autoscaler_to_add_a_worker_and_account
         assert "but the cluster has 1 CPUs" in text and "The autoscaler added them in" in text
 
 
+def start(env: dict, preset: str, timeout_s: int) -> tuple[dict, str]:
+    """``start_ray`` with ``preset`` in a driver of its own: ``{"cluster": ...}`` or ``{"refused": message}``,
+    and what it printed."""
+    result = subprocess.run([sys.executable, "-c", START, preset, str(timeout_s)], env=env, capture_output=True,
+                            text=True, timeout=timeout_s + 120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout + result.stderr
+
+
 START = """
 import json, sys
 from helpers import cluster, fitting
@@ -148,15 +173,38 @@ def test_a_named_gpu_preset_waits_for_its_gpus_and_one_no_node_type_has_is_refus
     gcs, env = autoscaling_head
     env = {**env, "RAY_ADDRESS": gcs}
 
-    def start(preset: str, timeout_s: int) -> tuple[dict, str]:
-        result = subprocess.run([sys.executable, "-c", START, preset, str(timeout_s)], env=env, capture_output=True,
-                                text=True, timeout=timeout_s + 120)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-        return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout + result.stderr
-
-    found, said = start("text-llama8b-l4", 240)
+    found, said = start(env, "text-llama8b-l4", 240)
     assert found.get("cluster", {}).get("GPU") == 4 and "accelerator_type:L4" in found["cluster"], found
     assert "4 engine replicas x 1 GPU need 4 GPUs, but the cluster has 0" in said and "GPUs (L4)" in said, said
-    refused, said = start("text-llama8b-a10g", 15)  # 4 replicas, as the L4 preset: only the GPU type is missing
+    refused, said = start(env, "text-llama8b-a10g", 15)  # 4 replicas, as the L4 preset: only the GPU type is missing
     assert "ACCELERATOR_TYPE='A10G' is not in the cluster (it has: ['L4'])" in refused.get("refused", ""), refused
     assert "did not add them within STARTUP_TIMEOUT_S=15 s" in refused["refused"]
+
+
+@pytest.mark.slow
+def test_without_an_autoscaler_a_named_gpu_preset_is_refused_at_once(local_cluster):
+    """A plain ``ray start --head`` (Ray's monitor runs, with nothing it can add): no wait, the numbers."""
+    import time
+
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ADDRESS": local_cluster.gcs}
+    started = time.monotonic()
+    refused, said = start(env, "text-llama8b-l4", 600)
+    assert "need 4 GPUs, but the cluster has 0. The cluster has no autoscaler" in refused.get("refused", ""), refused
+    assert "Waiting" not in said and time.monotonic() - started < 120
+
+
+@pytest.mark.slow
+def test_autoscaler_v2_says_what_no_node_type_has_and_the_run_is_refused_without_waiting_it_out():
+    """Autoscaler v2 (``ray up``'s default in Ray 2.60) reports requests no node type can hold: the
+    run stops at once, not after STARTUP_TIMEOUT_S. The tutorial preset still waits for its L4s."""
+    import time
+
+    with autoscaling_cluster(v2=True) as (gcs, env):
+        env = {**env, "RAY_ADDRESS": gcs}
+        found, said = start(env, "text-llama8b-l4", 240)
+        assert found.get("cluster", {}).get("GPU") == 4, found
+        assert "need 4 GPUs, but the cluster has 0" in said and "The autoscaler added them in" in said, said
+        started = time.monotonic()
+        refused, said = start(env, "text-llama8b-a10g", 300)
+        assert "reports that none of its node types can provide them" in refused.get("refused", ""), refused
+        assert time.monotonic() - started < 120
