@@ -106,7 +106,10 @@ def _infeasible(kind: str, version: int) -> bool:
     Only v2 reports it where a driver can read it; v1 writes it to its own log alone."""
     if kind != "v2":
         return False
-    state = _cluster_status().autoscaling_state
+    try:
+        state = _cluster_status().autoscaling_state
+    except Exception:  # the GCS slow to answer: asked again at the next poll
+        return False
     return state.last_seen_cluster_resource_state_version >= version and bool(state.infeasible_cluster_resource_constraints)
 
 
