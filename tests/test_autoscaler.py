@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,9 +56,9 @@ def cluster_config(gcs: str) -> dict:
 
 
 def raylets(marker: str) -> list[str]:
-    """Command lines of the raylets (``pgrep -af raylet``) that name ``marker``."""
+    """Command lines of the raylets and their workers and agents (``pgrep -af raylet``) that name ``marker``."""
     found = subprocess.run(["pgrep", "-af", "raylet"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in found if marker in line]
+    return [line for line in found if re.search(re.escape(marker) + r"(?!\d)", line)]
 
 
 @contextmanager
@@ -91,7 +92,9 @@ def autoscaling_cluster(v2: bool = False):
         assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
         yield gcs, env
     finally:
-        stop_processes(temp_dir, gcs)  # the monitor's children are the worker nodes' processes
+        # The worker nodes' processes are the monitor's children and use the head's temp folder; the
+        # address alone could match another cluster's (127.0.0.1:4123 in 127.0.0.1:41234).
+        stop_processes(temp_dir)
         left = raylets(ray_tmpdir) + raylets(gcs)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
         assert not left and not ray_processes(temp_dir), left
