@@ -200,7 +200,7 @@ def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_
     problems = schedulability_problems(cluster, budget, accelerator_type, gpus_per_replica)
     if problems:
         raise UnschedulableError("This run cannot be scheduled and would wait forever: " + "; ".join(problems)
-                                 + (f". {why}" if why else "") + ". Set ACCELERATOR_TYPE=None to run on CPUs, "
+                                 + (f". {why.rstrip('.')}" if why else "") + ". Set ACCELERATOR_TYPE=None to run on CPUs, "
                                  "lower CONCURRENCY, or use a bigger cluster.")
 
 

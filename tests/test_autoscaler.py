@@ -29,6 +29,7 @@ from test_ray_job import free_port, ray_processes, stop_processes
 
 local_cluster = test_ray_job.local_cluster  # a plain head node: Ray's monitor, no autoscaling configuration
 
+FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider"
 CPU_WORKER = "ray.worker.cpu"
 GPU_WORKER = "ray.worker.l4"
 
@@ -71,8 +72,10 @@ def autoscaling_cluster(v2: bool = False):
     port = free_port()
     gcs = f"127.0.0.1:{port}"
     config = cluster_config(gcs)
-    if v2:
-        config["provider"].update(launch_multiple=True, head_node_id=FAKE_HEAD_NODE_ID)
+    if v2:  # v2 fills a config in from its provider type's defaults, which for fake_multinode are not in the
+        # wheel (example.yaml): named as an external module, the same provider gets the minimal defaults
+        config["provider"].update(type="external", module=f"{FAKE_PROVIDER}.FakeMultiNodeProvider",
+                                  launch_multiple=True, head_node_id=FAKE_HEAD_NODE_ID)
     Path(ray_tmpdir, "autoscaling.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_FAKE_CLUSTER": "1", "RAY_TMPDIR": ray_tmpdir,
            "AUTOSCALER_UPDATE_INTERVAL_S": "2", "HF_HUB_OFFLINE": "1",

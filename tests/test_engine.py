@@ -227,7 +227,8 @@ def test_what_can_never_come_is_refused_at_once(fake_autoscaler):
     budget, _, found, why = _wait(fake_autoscaler, head)
     assert why == "The cluster has no autoscaler that could add nodes." and fake_autoscaler["requests"] == []
     assert fake_autoscaler["said"] == [] and fake_autoscaler["now"] == 0  # no wait
-    with pytest.raises(cluster.UnschedulableError, match=r"need 4 GPUs, but the cluster has 0\. The cluster has no autoscaler"):
+    with pytest.raises(cluster.UnschedulableError, match=r"need 4 GPUs, but the cluster has 0\. The cluster has no "
+                       r"autoscaler that could add nodes\. Set ACCELERATOR_TYPE=None"):
         cluster.check_schedulable(found, budget, "L4", why=why)
 
     fake_autoscaler.update(kind="v2", infeasible=True, requests=[], said=[])  # autoscaler v2: no node type has them
