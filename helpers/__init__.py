@@ -7,6 +7,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``pipeline``: the run: your functions guarded, every row written in one pass, the result tables.
 - ``report``: accuracy, per-label tables, charts, and the run's summary with its checks.
 - ``cluster``: joining or starting Ray, what the cluster has, whether the run can be scheduled on it.
+- ``autoscale``: asking a cluster's autoscaler for the nodes a run needs and waiting for them, or refusing at once.
 - ``progress``: what a running pipeline shows: a line updated in place, a heartbeat in logs, the first-results watchdog.
 - ``run_stats``: throughput end to end and in steady state, and Ray's statistics per stage.
 - ``fitting``: a preset fitted to the hardware and the parameters (``PRESET="auto"``), and the settings table.

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from helpers import engine
+from helpers import autoscale, engine
 from helpers.engine import CpuBudget
 from helpers.errors import Explained
 from helpers.gpus import gpu_label
@@ -168,14 +168,9 @@ class UnschedulableError(RuntimeError):
     """The run asks for resources the Ray cluster does not have: it would wait forever."""
 
 
-def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
-                      gpus_per_replica: float = 1) -> None:
-    """Fail fast, with numbers, when the engine replicas cannot all be placed on ``cluster``.
-
-    Ray does not fail when a request can never be met: the tasks and actors wait. This turns the
-    known cases into an error before anything starts: GPUs (of the requested type) missing, and
-    actor CPU reservations that leave no room for the pipeline's short tasks.
-    """
+def schedulability_problems(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
+                            gpus_per_replica: float = 1) -> list[str]:
+    """What ``cluster`` lacks for the engine replicas and the actors' CPUs, in words ([]: nothing)."""
     problems = []
     cpus = cluster.get("CPU", 0.0)
     if budget.reserved + budget.task_cpus > cpus:
@@ -190,9 +185,23 @@ def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_
         elif not any(k == f"accelerator_type:{accelerator_type}" for k in cluster):
             types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
             problems.append(f"ACCELERATOR_TYPE={accelerator_type!r} is not in the cluster (it has: {types or 'none'})")
+    return problems
+
+
+def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
+                      gpus_per_replica: float = 1, why: str = "") -> None:
+    """Fail fast, with numbers, when the engine replicas cannot all be placed on ``cluster``.
+
+    Ray does not fail when a request can never be met: the tasks and actors wait. This turns the
+    known cases into an error before anything starts: GPUs (of the requested type) missing, and
+    actor CPU reservations that leave no room for the pipeline's short tasks. ``why``: what
+    :func:`helpers.autoscale.wait_for` found, said after the numbers.
+    """
+    problems = schedulability_problems(cluster, budget, accelerator_type, gpus_per_replica)
     if problems:
         raise UnschedulableError("This run cannot be scheduled and would wait forever: " + "; ".join(problems)
-                                 + ". Set ACCELERATOR_TYPE=None to run on CPUs, lower CONCURRENCY, or use a bigger cluster.")
+                                 + (f". {why.rstrip('.')}" if why else "") + ". Set ACCELERATOR_TYPE=None to run on CPUs, "
+                                 "lower CONCURRENCY, or use a bigger cluster.")
 
 
 #: The DataContext entry that records which Ray session a dataset was read in (:meth:`Session.check_ready`).
@@ -267,6 +276,11 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
               startup_timeout_s: int = 600, verbose: bool = False) -> Session:
     """Start (or connect to) Ray for one run and fail fast if the run can never be scheduled.
 
+    On a cluster that lacks the GPUs or CPUs the run needs, its autoscaler is asked for them and the
+    start waits up to ``startup_timeout_s``, saying what it waits for and then what came
+    (:func:`helpers.autoscale.wait_for`); without an autoscaler, or where it reports them infeasible,
+    the run is refused at once.
+
     The engine holds one CPU per replica and each light actor stage ``stage_cpus`` per replica; a
     local Ray gets enough logical CPUs that short tasks never wait forever behind them
     (:class:`helpers.engine.CpuBudget`). A single local CPU engine computes on every core
@@ -281,7 +295,13 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     progress = interactive()  # the kit's one line that updates in place; Ray's own reports only with verbose
     address = cluster_address()
     cluster = _init_ray(budget, env, verbose=verbose, progress=verbose)
-    check_schedulable(cluster, budget, run_config.accelerator_type, run_config.gpus_per_replica)
+    accelerator, gpus = run_config.accelerator_type, run_config.gpus_per_replica
+    why = ""
+    if address is not None and schedulability_problems(cluster, budget, accelerator, gpus):  # a cluster may grow
+        cluster, why = autoscale.wait_for(cluster, autoscale.bundles(budget, accelerator, gpus or 1),
+                                          lambda c: schedulability_problems(c, budget, accelerator, gpus),
+                                          timeout_s=startup_timeout_s)
+    check_schedulable(cluster, budget, accelerator, gpus, why=why)
     import uuid
 
     import ray

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from helpers import cluster, engine
@@ -144,3 +146,109 @@ def test_every_actor_pool_starts_at_once(monkeypatch):
     budget = engine.CpuBudget(engine_cpus=1, engine_replicas=1, stage_cpus=0.1, stage_actors=2)
     assert cluster._init_ray(budget, {}) == {"CPU": 2.0}
     assert ray.data.DataContext.get_current().wait_for_min_actors_s <= 0
+
+
+def test_an_autoscaler_is_told_from_the_records_ray_keeps_in_the_gcs():
+    """v2 marks itself in the GCS; v1's monitor writes ``ray status``'s report, whose node types are a
+    cluster configuration's, or, on a cluster started without one, ``node_<id>`` that it cannot add."""
+    from helpers import autoscale
+
+    def status(types, time=1000.0, report=True):
+        summary = {"active_nodes": {t: 1 for t in types}, "idle_nodes": {}, "pending_launches": {}, "pending_nodes": []}
+        return json.dumps({"time": time, **({"autoscaler_report": summary} if report else {})}).encode()
+
+    readonly = "node_" + "ab" * 28
+    assert autoscaler_from(b"1", None, 1000) == "v2"
+    assert autoscaler_from(None, status(["ray.head.default"]), 1001) == "v1"
+    assert autoscaler_from(None, status([readonly]), 1001) is None  # `ray start --head` alone: nothing can be added
+    # Nothing Ray reports on: the monitor's first round still to come, a monitor gone, none at all (a
+    # platform's own autoscaler may be at work): asked and waited for, never refused at once.
+    assert autoscaler_from(None, status([], report=False), 1001) == "unknown"
+    assert autoscaler_from(None, status(["ray.head.default"]), 1000 + autoscale.STATUS_FRESH_S + 1) == "unknown"
+    assert autoscaler_from(None, None, 1001) == "unknown"
+
+
+def autoscaler_from(*args):
+    from helpers import autoscale
+
+    return autoscale.autoscaler_from(*args)
+
+
+@pytest.fixture
+def fake_autoscaler(monkeypatch):
+    """``autoscale.wait_for`` against a scripted cluster: ``state["kind"]``, the resources each poll
+    returns, whether v2 reports the request infeasible; ``state["requests"]`` records what was asked."""
+    from helpers import autoscale
+
+    state = {"kind": "v1", "polls": [], "infeasible": False, "requests": [], "said": [], "now": 0.0}
+
+    def resources():
+        return state["polls"].pop(0) if len(state["polls"]) > 1 else state["polls"][0]
+
+    monkeypatch.setattr(autoscale, "detect", lambda: state["kind"])
+    monkeypatch.setattr(autoscale, "_request", lambda kind, shapes: state["requests"].append(shapes) or 7)
+    monkeypatch.setattr(autoscale, "_infeasible", lambda kind, version: state["infeasible"] and version == 7)
+    monkeypatch.setattr(autoscale, "_resources", resources)
+    monkeypatch.setattr(autoscale, "_alive_nodes", lambda: 2)
+    monkeypatch.setattr(autoscale.time, "monotonic", lambda: state["now"])
+    monkeypatch.setattr(autoscale.time, "sleep", lambda s: state.__setitem__("now", state["now"] + s))
+    return state
+
+
+def _wait(state, head, accelerator="L4", replicas=4, timeout_s=600):
+    from helpers import autoscale
+
+    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=replicas, stage_cpus=0.1, stage_actors=replicas)
+    shapes = autoscale.bundles(budget, accelerator, 1)
+    found, why = autoscale.wait_for(head, shapes, lambda c: cluster.schedulability_problems(c, budget, accelerator),
+                                    timeout_s=timeout_s, say=state["said"].append)
+    return budget, shapes, found, why
+
+
+def test_a_named_gpu_preset_asks_the_autoscaler_and_waits_for_the_gpus(fake_autoscaler):
+    head = {"CPU": 2.0}
+    grown = {"CPU": 18.0, "GPU": 4.0, "accelerator_type:L4": 4.0}
+    fake_autoscaler["polls"] = [head, head, grown]
+    budget, shapes, found, why = _wait(fake_autoscaler, head)
+    assert found == grown and why == ""
+    assert shapes[:4] == [{"CPU": 1, "GPU": 1, "accelerator_type:L4": 0.001}] * 4  # the replicas, as their actors ask
+    assert sum(s["CPU"] for s in shapes) == pytest.approx(budget.reserved + budget.task_cpus)
+    assert fake_autoscaler["requests"] == [shapes, []]  # asked, then withdrawn once the GPUs came
+    waiting, came = fake_autoscaler["said"]
+    assert waiting.startswith("Waiting up to 600 s (STARTUP_TIMEOUT_S) for the cluster's autoscaler to add nodes: ")
+    assert "4 engine replicas x 1 GPU need 4 GPUs, but the cluster has 0" in waiting and "4 x {CPU: 1, GPU: 1" in waiting
+    assert came == "The autoscaler added them in 10 s: the cluster has 18 CPUs and 4 GPUs (L4) on 2 nodes now."
+    cluster.check_schedulable(found, budget, "L4", why=why)
+
+
+def test_what_can_never_come_is_refused_at_once(fake_autoscaler):
+    head = {"CPU": 2.0}
+    fake_autoscaler.update(kind=None, polls=[head])
+    budget, _, found, why = _wait(fake_autoscaler, head)
+    assert why == "The cluster has no autoscaler that could add nodes." and fake_autoscaler["requests"] == []
+    assert fake_autoscaler["said"] == [] and fake_autoscaler["now"] == 0  # no wait
+    with pytest.raises(cluster.UnschedulableError, match=r"need 4 GPUs, but the cluster has 0\. The cluster has no "
+                       r"autoscaler that could add nodes\. Set ACCELERATOR_TYPE=None"):
+        cluster.check_schedulable(found, budget, "L4", why=why)
+
+    fake_autoscaler.update(kind="v2", infeasible=True, requests=[], said=[])  # autoscaler v2: no node type has them
+    _, shapes, _, why = _wait(fake_autoscaler, head, accelerator="H100")
+    assert why == "The cluster's autoscaler reports that none of its node types can provide them."
+    assert fake_autoscaler["requests"] == [shapes, []] and fake_autoscaler["now"] == 0
+
+
+def test_a_cluster_that_does_not_grow_in_time_is_refused_and_the_request_withdrawn(fake_autoscaler):
+    head = {"CPU": 2.0}
+    fake_autoscaler["polls"] = [head]
+    _, shapes, _, why = _wait(fake_autoscaler, head, timeout_s=30)
+    assert why.startswith("The cluster's autoscaler did not add them within STARTUP_TIMEOUT_S=30 s")
+    assert fake_autoscaler["requests"] == [shapes, []] and fake_autoscaler["now"] == 30
+
+
+def test_a_cpu_preset_asks_for_cpus_only():
+    from helpers import autoscale
+
+    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=1, stage_cpus=0.1, stage_actors=2)
+    shapes = autoscale.bundles(budget, None)
+    assert shapes == [{"CPU": 1}, {"CPU": 0.1}, {"CPU": 0.1}, {"CPU": 1.0}]
+    assert autoscale.describe_bundles(shapes) == "2 x {CPU: 1}, 2 x {CPU: 0.1}"
