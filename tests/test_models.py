@@ -148,6 +148,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # with the benchmarks it serves, outside CI's hour (make test-extended)
 @pytest.mark.parametrize("model", sorted(TINY_SHAPES))
 def test_random_weights_load_in_vllm_with_the_kits_engine_arguments(model, tmp_path):
     """The GPU benchmark's shapes, at a tiny size, through the same path: the kit's engine arguments
