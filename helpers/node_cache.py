@@ -1,8 +1,8 @@
-"""What a run's tasks read from the kit's cache (the offline models, the bundled sample images),
-prepared on every node that runs them, nodes an autoscaler adds later included.
+"""What a run's tasks read from the kit's cache, prepared on every node that runs them.
 
-The driver prepares them in its cache (``~/.cache/llm-batch-kit``, ``LLM_KIT_CACHE``) and hands
-the engine and the read tasks their absolute paths. Those tasks may run on any node of a cluster,
+That is the offline models and the bundled sample images. The driver prepares them in its cache
+(``~/.cache/llm-batch-kit``, ``LLM_KIT_CACHE``) and hands the engine and the read tasks their
+absolute paths. Those tasks may run on any node of a cluster, nodes an autoscaler adds later included,
 and another machine's cache is not the driver's. So each ``prepare_*`` function records what it
 prepared (:func:`record`), and :func:`runtime_env` makes every Ray worker of the run prepare the
 same at the same absolute path on its own node when it starts (Ray's ``worker_process_setup_hook``):
