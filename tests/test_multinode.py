@@ -5,12 +5,18 @@ one folder: on the head (and the driver) that folder is this machine's disk, on 
 another, empty one. Ray Data writes each block's results on the node that holds it, so a run with
 its ``OUTPUT_DIR`` there would leave the worker's results on the worker's "disk", lost to the
 driver. The kit must stop before that (``helpers.output_dir.check_every_node_sees``).
+
+The kit's cache (``~/.cache/llm-batch-kit``: the offline models, the sample images) is a tmpfs of
+the worker's own too, as another machine's home is: an engine placed on the worker loads the model
+from the driver's path there, so the run must prepare it there (``helpers.node_cache``). And a
+worker node that dies part-way, with the engine on it, must cost no row and repeat none.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,7 +47,12 @@ def _node_ports() -> list[str]:
 @pytest.fixture
 def two_nodes(tmp_path):
     """``(gcs address, env, node_disk)``: a head and a worker node; ``node_disk`` is a folder the
-    worker sees as an empty tmpfs of its own. Stopped by PID afterwards (never ``ray stop``)."""
+    worker sees as an empty tmpfs of its own, and so is the kit's cache (``models.cache_root()``).
+    Each node has 3 logical CPUs: the engine (1), the stages' actors and a 1-CPU task fit on one node
+    alone (``helpers.engine.CpuBudget``), as a run on either node alone needs. Stopped by PID
+    afterwards (never ``ray stop``)."""
+    from helpers import models
+
     reason = _unshare_works()
     if reason:
         pytest.skip(reason)
@@ -49,22 +60,25 @@ def two_nodes(tmp_path):
     temp_dir = os.path.join(ray_tmpdir, "ray")
     node_disk = tmp_path / "node-disk"
     node_disk.mkdir()
+    cache = models.cache_root()  # the driver's models and sample images; empty on the worker
+    cache.mkdir(parents=True, exist_ok=True)
     # Ray 2.60's `ray start` turns token authentication on: the nodes and the driver share the token.
     env = {**os.environ, "RAY_AUTH_MODE": "token",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     try:
         head = subprocess.run(
-            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "2",
+            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "3",
              "--temp-dir", temp_dir, "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
             env=env, capture_output=True, text=True, timeout=180)
         assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
-        worker_start = " ".join([RAY, "start", "--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
+        worker_start = " ".join([RAY, "start", "--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "3",
                                  "--disable-usage-stats", *_node_ports()])
         worker = subprocess.run(
             ["unshare", "-m", "--propagation", "private", "sh", "-c",
-             f"mount -t tmpfs kit-node-disk {node_disk} && exec {worker_start}"],
+             f"mount -t tmpfs kit-node-disk {shlex.quote(str(node_disk))} && "
+             f"mount -t tmpfs kit-node-cache {shlex.quote(str(cache))} && exec {worker_start}"],
             env=env, capture_output=True, text=True, timeout=180)
         assert worker.returncode == 0, worker.stdout[-2000:] + worker.stderr[-2000:]
         yield gcs, env, node_disk
@@ -108,26 +122,93 @@ def test_a_folder_one_node_does_not_see_stops_the_run_before_rows_are_lost(two_n
     assert not list(private.glob(".node-check-*")) and not list(shared.glob(".node-check-*"))  # markers removed
 
 
-def run_notebook(env: dict, out: str, params: dict, wait: bool = True):
-    """The text notebook through the kit's runner, as a user runs it against the cluster (RAY_ADDRESS)."""
+def run_notebook(env: dict, out: str, params: dict, wait: bool = True, log: Path | None = None):
+    """The text notebook through the kit's runner, as a user runs it against the cluster (RAY_ADDRESS);
+    ``wait=False``: started, its output to ``log``."""
     from test_resume import REPO
 
     cmd = [sys.executable, str(REPO / "scripts" / "run_notebooks.py"), "--only", "text_classification", "--out", out]
     for name, value in params.items():
         cmd += ["-p", name, repr(value)]
     if not wait:
-        return subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        output = open(log, "w") if log else subprocess.DEVNULL
+        return subprocess.Popen(cmd, env=env, start_new_session=True, stdout=output, stderr=subprocess.STDOUT)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
 
 
+HOLD = """
+import sys, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address=sys.argv[1], log_to_driver=False)
+head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+@ray.remote
+class Hold:
+    def ready(self):
+        return True
+hold = Hold.options(num_cpus=head["Resources"]["CPU"],
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(head["NodeID"], soft=False)).remote()
+ray.get(hold.ready.remote(), timeout=120)
+print("holding", flush=True)
+time.sleep(3600)
+"""
+
+
+def hold_the_heads_cpus(env: dict, gcs: str) -> subprocess.Popen:
+    """A driver whose actor holds every CPU of the head node: the run's engine and tasks then go to
+    the worker. Killing the driver frees them (Ray ends an actor whose owner died)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, gcs], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    if proc.stdout.readline().strip() != "holding":
+        proc.kill()
+        pytest.fail("could not hold the head's CPUs: " + proc.communicate()[1][-3000:])
+    return proc
+
+
+def worker_node_processes(gcs: str) -> list:
+    """Every process of the worker node: the processes in its mount namespace (the only one, apart
+    from this process's own, in which a process of this cluster runs)."""
+    import psutil
+
+    def namespace(pid: int) -> str | None:
+        try:
+            return os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            return None
+
+    own = namespace(os.getpid())
+    cluster = {namespace(p.pid) for p in psutil.process_iter(["cmdline"]) if gcs in " ".join(p.info["cmdline"] or [])}
+    theirs = cluster - {own, None}
+    assert len(theirs) == 1, theirs
+    return [p for p in psutil.process_iter() if namespace(p.pid) in theirs]
+
+
+def runs_the_engine(processes: list) -> bool:
+    """True when one of ``processes`` is a vLLM engine (Ray's actor or vLLM's engine core)."""
+    import psutil
+
+    for p in processes:
+        try:
+            if "vLLMEngineStage" in " ".join(p.cmdline()) or "EngineCore" in p.name():
+                return True
+        except psutil.Error:
+            pass
+    return False
+
+
 @pytest.mark.slow
-def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates_nothing_across_a_kill(
+def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates_nothing_across_kills(
         s3, two_nodes, tmp_path):
-    """The issue's run, on a real two-node cluster: the text notebook with a local OUTPUT_DIR the
-    worker node cannot see stops with the message; with OUTPUT_DIR in a bucket (moto's S3 server,
-    reached from both nodes), a run SIGKILLed part-way and run again accounts for every row once."""
+    """The issue's run, on a real two-node cluster whose worker has a cache of its own: the text
+    notebook with a local OUTPUT_DIR the worker node cannot see stops with the message. With
+    OUTPUT_DIR in a bucket (moto's S3 server, reached from both nodes) and the engine on the worker
+    (the head's CPUs held), which prepares the offline model itself: a run SIGKILLed part-way, then
+    run again, and during that second run the worker node SIGKILLed with the engine on it. The second
+    run finishes on the head, and accounts for every row once."""
+    import time
+
     import pandas as pd
+    import psutil
 
     from conftest import BUCKET
     from helpers import report
@@ -140,16 +221,39 @@ def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates
     assert "do not see" in local.stdout + local.stderr and "a bucket" in local.stdout + local.stderr
 
     limit = 120
-    cpu = {"PRESET": "text-cpu-offline", "LIMIT": limit}  # "auto" never falls back to CPUs on a cluster
-    slow = {**cpu, "NUM_BLOCKS": 30, "BATCH_SIZE": 4, "MAX_CONCURRENT_BATCHES": 1}
+    # "auto" never falls back to CPUs on a cluster; small blocks and batches: a commit every 4 rows.
+    slow = {"PRESET": "text-cpu-offline", "LIMIT": limit, "NUM_BLOCKS": 30, "BATCH_SIZE": 4,
+            "MAX_CONCURRENT_BATCHES": 1}
     root = f"s3://{BUCKET}/two-nodes"
     checkpoint = f"{root}/text_classification/checkpoint/results"
-    kill_when_checkpointed(run_notebook(env, root, slow, wait=False), checkpoint)
-    done_before = committed_ids(checkpoint)
-    assert 0 < len(done_before) < limit
+    holder = hold_the_heads_cpus(env, gcs)
+    try:
+        first = run_notebook(env, root, slow, wait=False)
+        kill_when_checkpointed(first, checkpoint)  # the engine on the worker, from its own cache, answered
+        done_before = committed_ids(checkpoint)
+        assert 0 < len(done_before) < limit
 
-    resumed = run_notebook(env, root, {**cpu, "NUM_BLOCKS": 8})
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        log = tmp_path / "resumed.log"
+        resumed = run_notebook(env, root, slow, wait=False, log=log)
+        deadline = time.monotonic() + 600
+        while len(committed_ids(checkpoint)) <= len(done_before):  # the worker's engine answered again
+            assert resumed.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the resumed run wrote nothing in time"
+            time.sleep(0.1)
+        node = worker_node_processes(gcs)
+        assert runs_the_engine(node), "the engine is not on the worker node"
+    finally:
+        holder.kill()  # the head's CPUs are free for the engine's replacement
+        holder.wait()
+    for p in node:  # the worker node dies: its raylet, its workers, the engine, its object store
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    assert resumed.poll() is None, "the resumed run ended before the node was killed"
+    killed_at = len(committed_ids(checkpoint))
+    assert killed_at < limit
+    assert resumed.wait(timeout=900) == 0, log.read_text()[-5000:]
     folder = "two-nodes/text_classification/"
 
     def read(name):
@@ -157,8 +261,8 @@ def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates
 
     summary = json.loads(read("summary.json"))
     assert summary["run"].startswith("resuming an interrupted run")
-    assert summary["rows read"] == limit and summary["all rows accounted for"]
-    assert summary["rows written in this run"] == summary[report.ENTERED_NOW] == limit - len(done_before)
+    assert summary["rows read"] == limit and summary["all rows accounted for"], summary
+    assert summary["rows written in this run"] == summary[report.ENTERED_NOW] == limit - len(done_before), summary
     import io
 
     predictions, errors = (pd.read_parquet(io.BytesIO(read(n))) for n in ("predictions.parquet", "errors.parquet"))
