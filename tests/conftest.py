@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import http.server
 import importlib.util
+import io
 import os
+import shutil
+import tarfile
+import threading
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +60,17 @@ def parameterised_notebook(path: Path, parameters: str, *code: str) -> Path:
     return path
 
 
+def tar_bytes(members: dict[str, bytes]) -> bytes:
+    """A tar archive (a webdataset shard) of ``members`` (name -> bytes), in memory."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, payload in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
 BUCKET = "kit-test"
 
 
@@ -79,3 +96,50 @@ def s3():
         else:
             os.environ[key] = value
     server.stop()
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """A plain HTTP server on 127.0.0.1 serving ``tmp_path / "www"``; yields the folder and its URL."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+#: The private repository's token (``hub``): no file a run writes may hold it.
+HUB_TOKEN = "hf_kit_private_token_0123"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    """The stand-in Hub with a BLIP3o-style repository (two webdataset shards whose keys repeat, as
+    each shard numbers its own samples; broken images among them) and a private one with a CSV."""
+    from helpers import sample_images
+    from hub_server import HubServer, Repo
+
+    root = tmp_path_factory.mktemp("hub")
+    files = sample_images.sample_files()
+    names = sorted(files)
+    for shard, chunk in enumerate((names[:12], names[12:])):
+        sample_images.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
+                                    root / "blip" / "data" / f"shard-{shard:03d}.tar", caption="a caption")
+    (root / "csv").mkdir()
+    shutil.copy(REPO / "helpers" / "sample_data" / "customers.csv", root / "csv" / "customers.csv")
+    server = HubServer({"kit/blip3o-style": Repo({"main": root / "blip"}),
+                        "kit/customers": Repo({"main": root / "csv"}, private_token=HUB_TOKEN)})
+    url = server.start()
+    yield server, url, root
+    server.stop()
+
+
+def hub_env(url: str, token: str | None = None) -> dict[str, str]:
+    """This process's environment for a process that reads from the stand-in Hub at ``url``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN", "RAY_ADDRESS")}
+    env["HF_ENDPOINT"] = url
+    if token:
+        env["HF_TOKEN"] = token
+    return env

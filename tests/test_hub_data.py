@@ -4,54 +4,21 @@ Nothing here can reach the Hub, so a stand-in answers on 127.0.0.1 (``tests/hub_
 ``HF_ENDPOINT``) the calls ``huggingface_hub.HfFileSystem`` makes to list and read a repository; any
 other call fails the tests. The notebooks run through the kit's runner in processes of their own,
 so that ``HF_ENDPOINT`` and ``HF_TOKEN`` reach the kernel and Ray's workers as they would a user's.
+The text notebook on a private repository is stepped through in a live kernel
+(tests/test_live_kernel.py); the stand-in is the ``hub`` fixture of tests/conftest.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from conftest import REPO
-from helpers import sample_images
-from hub_server import HubServer, Repo
-
-TOKEN = "hf_kit_private_token_0123"
-
-
-@pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    """The stand-in Hub with a BLIP3o-style repository (two webdataset shards whose keys repeat, as
-    each shard numbers its own samples; broken images among them) and a private one with a CSV."""
-    root = tmp_path_factory.mktemp("hub")
-    files = sample_images.sample_files()
-    names = sorted(files)
-    for shard, chunk in enumerate((names[:12], names[12:])):
-        sample_images.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
-                                    root / "blip" / "data" / f"shard-{shard:03d}.tar", caption="a caption")
-    (root / "csv").mkdir()
-    shutil.copy(REPO / "helpers" / "sample_data" / "customers.csv", root / "csv" / "customers.csv")
-    server = HubServer({"kit/blip3o-style": Repo({"main": root / "blip"}),
-                        "kit/customers": Repo({"main": root / "csv"}, private_token=TOKEN)})
-    url = server.start()
-    yield server, url, root
-    server.stop()
-
-
-def hub_env(url: str, token: str | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_TOKEN", "RAY_ADDRESS")}
-    env["HF_ENDPOINT"] = url
-    if token:
-        env["HF_TOKEN"] = token
-    return env
-
+from conftest import HUB_TOKEN, REPO, hub_env
 
 LIST = """
 import json, sys, time
@@ -88,7 +55,7 @@ def test_hub_paths_are_listed_and_bad_ones_get_one_clear_message_each_within_sec
     assert "no such revision" in found[f"{repo}@no-such-revision"]["error"]
     assert "nothing there" in found[f"{repo}/no-such-folder"]["error"]
     assert all(entry["seconds"] < 10 for entry in found.values())
-    private = listed(url, "hf://datasets/kit/customers", token=TOKEN)["hf://datasets/kit/customers"]
+    private = listed(url, "hf://datasets/kit/customers", token=HUB_TOKEN)["hf://datasets/kit/customers"]
     assert private["files"] == ["hf://datasets/kit/customers/customers.csv"]
     assert not server.unexpected and {"repo_info", "list_repo_tree"} <= server.calls
 
@@ -135,24 +102,3 @@ def test_captioning_reads_webdataset_shards_from_the_hub_as_from_a_folder(hub, t
     assert table("errors.parquet", ["source", "reason"]) == \
            sorted((r["source"], r["reject_reason"]) for r in local if r["reject_reason"])
     assert not server.unexpected and "resolve" in server.calls
-
-
-@pytest.mark.slow
-def test_text_reads_a_csv_from_a_private_hub_repository_with_a_token_it_never_writes(hub, tmp_path):
-    server, url, root = hub
-    params = {"LIMIT": 40}
-    from_hub = run("text_classification", tmp_path / "hub",
-                   {**params, "INPUT_PATH": "hf://datasets/kit/customers/customers.csv"}, hub_env(url, TOKEN))
-    local = run("text_classification", tmp_path / "local", {**params, "INPUT_PATH": str(root / "csv" / "customers.csv")},
-                hub_env(url))
-    assert from_hub["rows read"] == local["rows read"] == 40 and from_hub["all rows accounted for"]
-    hub_rows = pd.read_parquet(tmp_path / "hub" / "text_classification" / "predictions.parquet").set_index("Customer Id")
-    local_rows = pd.read_parquet(tmp_path / "local" / "text_classification" / "predictions.parquet").set_index("Customer Id")
-    assert sorted(hub_rows.index) == sorted(local_rows.index)
-    # Greedy answers may differ between two correct CPU runs (batch-dependent numerics): compare rates.
-    agreement = (hub_rows["predicted_label"] == local_rows.loc[hub_rows.index, "predicted_label"]).mean()
-    assert agreement >= 0.8, agreement
-    for written in (tmp_path / "hub" / "text_classification").iterdir():
-        if written.is_file():
-            assert TOKEN.encode() not in written.read_bytes(), written.name  # never in run.json, the report, ...
-    assert not server.unexpected

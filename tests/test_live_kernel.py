@@ -4,10 +4,11 @@ frontend sends it. Each step asserts what the person sees (the run cell's output
 updated in place, no logged progress, one-line interrupts) and what is on disk (rows each once,
 nothing deleted that a later cell reports).
 
-Text: run all; re-run the run cell after the summary (Ray is shut down); re-run "Start Ray" and the
-run cell (the dataset belongs to the old Ray); edit the parameters and re-run from there, interrupt
-the run cell after its first results, re-run it (resume), then the rest. Captioning: run all, then
-restart the kernel and run all.
+Text, on the sample in a private repository of the stand-in Hub (a token in the kernel's environment):
+run all; re-run the run cell after the summary (Ray is shut down); re-run "Start Ray" and the run cell
+(the dataset belongs to the old Ray); edit the parameters and re-run from there, interrupt the run cell
+after its first results, re-run it (resume), then the rest. Captioning: run all on parquet rows, then
+restart the kernel and run all on a folder of image files.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import REPO
+from conftest import HUB_TOKEN, REPO, hub_env
 from helpers import outputs
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.slow
 class Kernel:
     """A live IPython kernel in ``notebooks/`` and the cells of one notebook."""
 
-    def __init__(self, notebook: str, parameters: dict):
+    def __init__(self, notebook: str, parameters: dict, env: dict | None = None):
         from jupyter_client.manager import KernelManager
 
         self.cells = [c for c in json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
@@ -41,7 +42,7 @@ class Kernel:
         # An absolute socket path: the kernel runs in notebooks/, this process elsewhere.
         sockets = Path(tempfile.mkdtemp(prefix="kit-kernel-")) / "kernel-ipc"
         self.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets))
-        self.km.start_kernel(cwd=str(REPO / "notebooks"))
+        self.km.start_kernel(cwd=str(REPO / "notebooks"), env=env)  # env: the whole environment (default: ours)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
@@ -118,11 +119,17 @@ def _assert_readable_run_cell(seen: dict, noun: str) -> None:
     assert f"{noun} classified" in seen["stdout"] or f"{noun} captioned" in seen["stdout"]
 
 
-def test_text_notebook_stepped_through_in_a_live_kernel(tmp_path):
+def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub, tmp_path):
+    """The sample CSV in a private repository of the stand-in Hub (tests/hub_server.py), HF_TOKEN in the
+    kernel's environment as a user sets it: the token reaches no file the runs write."""
+    server, url, root = hub
     out = tmp_path / "results"
-    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 130})
+    # Step 1 tokenizes in Ray's stage of its own (as on a GPU), the later steps inside vLLM (the CPU default).
+    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 130, "TOKENIZE_STAGE": True,
+                                            "INPUT_PATH": "hf://datasets/kit/customers/customers.csv"},
+                    env=hub_env(url, HUB_TOKEN))
     try:
-        run_cell, start_ray, read = kernel.index("pipeline.run("), kernel.index("start_ray("), kernel.index("read_csv(")
+        run_cell, start_ray = kernel.index("pipeline.run("), kernel.index("start_ray(")
         # 1. Run all.
         seen = kernel.run_all()
         _assert_readable_run_cell(seen[run_cell], "rows")
@@ -144,7 +151,7 @@ def test_text_notebook_stepped_through_in_a_live_kernel(tmp_path):
         # 4. Edit the parameters and run from there; interrupt the run cell after its first results.
         # Batches of 8, one at a time: results come in many small files, so the interrupt finds the run
         # part-way (the layout is not a results setting: the resume below keeps it anyway).
-        kernel.parameters.update(LIMIT=129, BATCH_SIZE=8, MAX_CONCURRENT_BATCHES=1, NUM_BLOCKS=16)
+        kernel.parameters.update(LIMIT=129, BATCH_SIZE=8, MAX_CONCURRENT_BATCHES=1, NUM_BLOCKS=16, TOKENIZE_STAGE=False)
         kernel.run_all(kernel.index("INPUT_PATH = "), run_cell)
         parts = out / outputs.PARTS
 
@@ -167,25 +174,79 @@ def test_text_notebook_stepped_through_in_a_live_kernel(tmp_path):
         assert len(rows) == 129 and rows["row_id"].is_unique
         summary = json.loads((out / "summary.json").read_text())
         assert summary["rows read"] == 129 and summary["all rows accounted for"] and summary["accuracy"] is not None
+        # Ray's tokenize stage (step 1) and vLLM's own tokenizer (since step 4): the same requests, row by row.
+        final = pd.read_parquet(out / outputs.PREDICTIONS).set_index("row_id")["request_digest"]
+        assert len(final) > 100 and final.equals(first.set_index("row_id")["request_digest"].loc[final.index])
+        # The file's first 129 rows, each as the file has it (read here with pandas); the token in no file.
+        local = pd.read_csv(root / "csv" / "customers.csv", dtype=str, keep_default_na=False).head(129)
+        assert rows.set_index("Customer Id")["Company"].fillna("").to_dict() == \
+            local.set_index("Customer Id")["Company"].to_dict()
+        assert not [p for p in out.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
+        assert not server.unexpected
     finally:
         kernel.close()
 
 
-def test_captioning_notebook_run_all_then_restart_and_run_all(tmp_path):
+def test_captioning_notebook_on_parquet_then_restarted_on_a_folder_of_files(tmp_path):
+    """Run all on Hugging Face parquet rows, then restart the kernel, point INPUT_PATH at a folder of
+    image files and run all again. Both inputs hold the kit's whole corpus of awkward and broken
+    files: the parquet rows also a null image and the same bytes twice (two rows, never merged); the
+    folder the names scraped data often has (a PNG called .jpg, no extension)."""
+    from helpers import image_data, sample_images
+
+    files = sample_images.sample_files()
+    broken_files = {k for k in files if k.startswith("broken_")}
+    rows = [{"key": k, "jpg": {"bytes": v, "path": f"{k}.jpg"}} for k, v in files.items()]
+    rows += [{"key": "null_image", "jpg": None},
+             {"key": "astronaut_again", "jpg": {"bytes": files["astronaut"], "path": "a.jpg"}}]
+    (tmp_path / "pq").mkdir()
+    pd.DataFrame(rows).to_parquet(tmp_path / "pq" / "train-0000.parquet")
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i, (name, data) in enumerate(files.items()):
+        (folder / (name if i % 5 == 0 else f"{name}.jpg")).write_bytes(data)
+
     out = tmp_path / "results"
-    kernel = Kernel("vlm_captioning", {"OUTPUT_DIR": str(out)})
+    kernel = Kernel("vlm_captioning", {"OUTPUT_DIR": str(out), "INPUT_PATH": str(tmp_path / "pq"), "ID_COLUMN": "key",
+                                       "IMAGE_TOKENS": 16, "MAX_TOKENS": 8, "BATCH_SIZE": 4, "NUM_BLOCKS": 2,
+                                       "KEEP_ASPECT": False})
     try:
         run_cell = kernel.index("pipeline.run(")
         seen = kernel.run_all()
         _assert_readable_run_cell(seen[run_cell], "images")
+        for name in ("captions.parquet", "errors.parquet", "captions.png", "summary.json"):
+            assert (out / name).is_file(), name
+        broken = broken_files | {"null_image"}
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["images read"] == len(rows) and summary["captioned"] == len(rows) - len(broken)
+        assert summary["rejected before the model"] == len(broken) and summary["all images accounted for"]
+        captions = pd.read_parquet(out / "captions.parquet")
+        assert sorted(captions["row_id"]) == sorted({r["key"] for r in rows} - broken)
+        assert set(captions.columns) == {"row_id", "source", "key", "width", "height", "vision_tokens", "caption",
+                                         "num_input_tokens", "num_generated_tokens", "request_digest"}  # no image
+        assert (captions["width"] == captions["height"]).all() and (captions["vision_tokens"] <= 16).all()
+        assert (captions["num_generated_tokens"] >= 1).all() and (captions["num_generated_tokens"] <= 8).all()
+        errors = pd.read_parquet(out / "errors.parquet").set_index("row_id")
+        assert set(errors.index) == broken and errors["reason"].str.len().gt(0).all()
+        assert errors.loc["broken_truncated", "reason"] == "truncated file"
+        assert errors.loc["broken_truncated_png", "reason"] == "truncated file"
+        assert errors.loc["broken_bomb", "reason"].startswith("too many pixels")
+        assert errors.loc["null_image", "reason"] == f"no {image_data.ANY_IMAGE!r} value in this row"
         first = _files(out)
-        assert (out / "captions.png").is_file()
+
         kernel.restart()
+        kernel.parameters = {"OUTPUT_DIR": str(out), "INPUT_PATH": str(folder), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8,
+                             "BATCH_SIZE": 8}
         kernel.run_all()
         (earlier,) = (out / outputs.EARLIER).iterdir()
         moved = {k: v for k, v in first.items() if k.startswith((outputs.PARTS, "captions", "errors", "summary"))}
         assert moved and all(_files(earlier).get(k) == v for k, v in moved.items())  # kept byte for byte
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["images read"] == 24 and summary["all images accounted for"]
+        assert summary["images read"] == len(files) and summary["all images accounted for"]
+        errors = pd.read_parquet(out / "errors.parquet")
+        rejected = {s.removesuffix(".jpg"): r for s, r in zip(errors["source"], errors["reason"])}
+        assert set(rejected) == broken_files and all(rejected.values())
+        captions = pd.read_parquet(out / "captions.parquet")
+        assert len(captions) == len(files) - len(rejected) and captions["row_id"].is_unique
     finally:
         kernel.close()

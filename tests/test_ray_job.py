@@ -54,9 +54,9 @@ class Cluster:
     ray_tmpdir: str  # RAY_TMPDIR under which Ray finds this cluster's record (ray_current_cluster)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_cluster():
-    """A Ray head node on loopback, stopped by PID afterwards (``ray stop`` would stop every Ray here).
+    """A Ray head node on loopback, one per test module, stopped by PID afterwards (``ray stop`` would stop every Ray here).
     Its temp folder is ``<ray_tmpdir>/ray``, its own: ``ray start`` records the cluster there, and a
     ``ray.init()`` finds the record only with ``RAY_TMPDIR=<ray_tmpdir>``, so the rest of the suite
     never joins it."""

@@ -1,5 +1,9 @@
 """Long runs survive: kill a notebook run part-way, run it again, and account for every row.
 
+Both runs read their input from a bucket, as a job on a cluster does: moto's S3 server on 127.0.0.1,
+reached as a MinIO or on-premises user reaches theirs (``AWS_ENDPOINT_URL`` and the usual credential
+variables, inherited by the notebook's kernel and Ray's workers).
+
 The proof that finished rows are not read again comes from Ray's checkpoint: the ids committed
 before the kill are exactly the rows the re-run skips (the re-run reports how many rows Ray's read
 produced and how many it wrote, counted from the files). Rejected rows are written in the same pass,
@@ -17,7 +21,7 @@ import papermill
 import psutil
 import pytest
 
-from conftest import REPO, load_script
+from conftest import BUCKET, REPO, load_script, tar_bytes
 from helpers import outputs, report
 
 
@@ -51,13 +55,15 @@ def kill_when_checkpointed(proc: subprocess.Popen, checkpoint, timeout: float = 
 
 
 @pytest.mark.slow
-def test_text_run_with_a_limit_resumes_after_kill_with_exact_once_rows(tmp_path):
+def test_text_run_on_a_csv_in_s3_with_a_limit_resumes_after_kill_with_exact_once_rows(s3, tmp_path):
     """With LIMIT (as job.yaml runs: LIMIT 10000, max_retries 2), a retry started from zero: resuming
     was off whenever LIMIT was set. Now the re-run takes the rest of the limit, each row once."""
     # Small blocks and batches make the first run write often, so it can be killed part-way; the
     # re-run may use faster settings (resuming needs the same *results* settings, not the same layout).
+    s3.upload_file(str(REPO / "helpers" / "sample_data" / "customers.csv"), BUCKET, "customers/part-0.csv")
     limit = 200  # of the sample's 309 rows
-    slow = {"NUM_BLOCKS": 40, "BATCH_SIZE": 8, "MAX_CONCURRENT_BATCHES": 1, "LIMIT": limit}
+    source = {"INPUT_PATH": f"s3://{BUCKET}/customers/", "LIMIT": limit}  # a folder (prefix) of CSV files
+    slow = {**source, "NUM_BLOCKS": 40, "BATCH_SIZE": 8, "MAX_CONCURRENT_BATCHES": 1}
     out = tmp_path / "results" / "text_classification"
     proc = start("text_classification", tmp_path / "results", slow)
     kill_when_checkpointed(proc, out / "checkpoint" / "results")
@@ -70,12 +76,12 @@ def test_text_run_with_a_limit_resumes_after_kill_with_exact_once_rows(tmp_path)
     kept = {p: p.read_bytes() for p in sorted((out / "checkpoint").rglob("*")) + sorted((out / "parts").rglob("*"))
             if p.is_file()}
     with pytest.raises(papermill.PapermillExecutionError) as err:
-        runner.run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8, "LIMIT": limit, "TEMPERATURE": 0.5})
+        runner.run("text_classification", tmp_path / "results", {**source, "NUM_BLOCKS": 8, "TEMPERATURE": 0.5})
     assert err.value.ename == "InterruptedRunError" and "sampling_params.temperature: 0.0 -> 0.5" in err.value.evalue
     assert f"{len(done_before)} rows finished" in err.value.evalue
     assert {p: p.read_bytes() for p in kept} == kept and committed_ids(out / "checkpoint" / "results") == done_before
 
-    runner.run("text_classification", tmp_path / "results", {"NUM_BLOCKS": 8, "LIMIT": limit})
+    runner.run("text_classification", tmp_path / "results", {**source, "NUM_BLOCKS": 8})
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"].startswith("resuming an interrupted run")
     assert summary["rows written in this run"] == limit - len(done_before)
@@ -90,19 +96,26 @@ def test_text_run_with_a_limit_resumes_after_kill_with_exact_once_rows(tmp_path)
 
 
 @pytest.mark.slow
-def test_captioning_run_resumes_after_kill_with_exact_once_images(tmp_path):
+def test_captioning_run_on_shards_in_s3_resumes_after_kill_with_exact_once_images(s3, tmp_path):
+    """BLIP3o's layout in a bucket: .tar shards of <key>.jpg + <key>.txt whose keys restart in every
+    shard (resuming must key on shard + key, or a re-run skips images of one shard because the other
+    finished them), the kit's corpus of awkward and broken files twice in each, and a sample with no
+    image."""
     from helpers import image_data, sample_images
 
-    # Two shards whose keys repeat (each starts at 000000, as real webdataset shards do): resuming
-    # must key on shard + key, or a re-run skips images of one shard because the other finished them.
     sample = list(sample_images.sample_files().items()) * 2
-    shards = {}
+    shards = {}  # sample id -> what it holds
     for shard in ("shard-000000.tar", "shard-000001.tar"):
-        files = {f"{i:06d}": data for i, (_, data) in enumerate(sample)}
-        sample_images.write_webdataset(files, tmp_path / "data" / shard)
-        shards.update({f"{shard}/{i:06d}": name for i, (name, _) in enumerate(sample)})
-    broken = {sid for sid, name in shards.items() if name.startswith("broken_")}
-    params = {"INPUT_PATH": str(tmp_path / "data"), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}
+        members = {}
+        for i, (name, data) in enumerate(sample):
+            members.update({f"{i:06d}.jpg": data, f"{i:06d}.txt": b"a caption"})
+            shards[f"{shard}/{i:06d}"] = name
+        if shard.endswith("1.tar"):
+            members[f"{len(sample):06d}.txt"] = b"a caption whose image is missing"
+            shards[f"{shard}/{len(sample):06d}"] = "no image field"
+        s3.put_object(Bucket=BUCKET, Key=f"blip3o-shards/{shard}", Body=tar_bytes(members))
+    rejected_ids = {sid for sid, name in shards.items() if name.startswith("broken_") or name == "no image field"}
+    params = {"INPUT_PATH": f"s3://{BUCKET}/blip3o-shards/", "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}
     out = tmp_path / "results" / "vlm_captioning"
     proc = start("vlm_captioning", tmp_path / "results",
                  {**params, "NUM_BLOCKS": 28, "BATCH_SIZE": 2, "MAX_CONCURRENT_BATCHES": 1})
@@ -119,5 +132,9 @@ def test_captioning_run_resumes_after_kill_with_exact_once_images(tmp_path):
     captions = pd.read_parquet(out / "captions.parquet")
     errors = pd.read_parquet(out / "errors.parquet")
     ids = pd.concat([captions[image_data.SAMPLE_ID], errors[image_data.SAMPLE_ID]])
-    assert ids.is_unique and set(ids) == set(shards)
-    assert set(errors[image_data.SAMPLE_ID]) == broken
+    assert ids.is_unique and set(ids) == set(shards)  # every sample once, none merged across shards
+    assert set(errors[image_data.SAMPLE_ID]) == rejected_ids
+    rejected = {shards[i]: r for i, r in zip(errors[image_data.SAMPLE_ID], errors["reason"])}
+    assert rejected["no image field"] == f"no {image_data.ANY_IMAGE!r} value in this row"
+    assert rejected["broken_truncated_png"] == "truncated file" and all(rejected.values())  # each with a reason
+    assert "horse_corrupt_exif" in {shards[i] for i in captions[image_data.SAMPLE_ID]}
