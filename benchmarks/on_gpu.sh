@@ -14,6 +14,16 @@
 #   bash benchmarks/on_gpu.sh vl3b-raw2     # warm-up (the kit with 2 replicas), then raw vLLM: 10,000 images
 #   bash benchmarks/on_gpu.sh vl3b-kit2     # the kit with 2 replicas on the GPU against that raw side
 #   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
+#   bash benchmarks/on_gpu.sh prep8b        # the offline text model and the 8B shape only
+#   bash benchmarks/on_gpu.sh text8b-1m-kit # the kit's notebook on 1,000,000 prompts (auto), its cells' times
+#                                           # (text8b-1m-kit.cells.json) and its Ray logs' engine lines
+#                                           # (text8b-1m-kit.ray.txt, text8b-1m-kit.raylogs.tgz)
+#   RAW_ROWS=N bash benchmarks/on_gpu.sh text8b-1m-raw  # raw vLLM on the first N of those prompts, compared
+#                                           # row by row with the kit's answers to them
+# 2026-11-25 ran these, back to back on one machine, with no warm-up (the 30 minutes of GPU time,
+# the machine's start and the stack's staging included, held the kit's 1,000,000 prompts and raw
+# vLLM's first 100,000 of them, not raw vLLM on all 1,000,000):
+#   setsid bash -c 'for s in prep8b text8b-1m-kit text8b-1m-raw; do RAW_ROWS=100000 OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
 # Before 2026-11-24 (second round) text8b-3 ran 3 replicas at 50,000 prompts, both sides.
 #
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
@@ -60,6 +70,121 @@ for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
     vl3b-kit) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" ;;
     vl3b-kit2) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
+    prep8b) python3 -c "
+from helpers import models
+print(models.prepare_smollm2()); print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))" ;;
+    # The kit alone, through bench_pipeline's own functions (its --side kit needs the raw side first).
+    text8b-1m-kit) python3 - "$work/1m" "$llama" "$out/$step" <<'PY'
+import json, sys, time
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import nbformat
+import bench_pipeline as b
+work, llama, prefix = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+settings = b.run_settings("text", {"MODEL_SOURCE": llama})
+made = time.perf_counter()
+csv = b.text_input(1_000_000, work / "text")
+print(f"input: {csv} in {time.perf_counter() - made:.0f} s", flush=True)
+print(f"kit notebook starts at {time.time():.3f}", flush=True)
+timing, folder, seen = b.kit_timing("text_classification", {**settings, "INPUT_PATH": str(csv)}, work / "text")
+summary = json.loads((folder / "summary.json").read_text())
+rows = summary["rows written in this run"]
+print(f"kit, 1,000,000 prompts: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, "
+      f"steady state {timing.generate_s:.1f} s ({summary['rows/s steady state']} rows/s; {summary['steady state']}); "
+      f"rows written {rows}; whole minus pipeline {timing.whole_s - timing.pipeline_s:.1f} s")
+busy, memory, samples = seen["gpu"]
+print(f"kit GPU busy in steady state: {busy:.0f}% ({samples} samples), memory up to {memory:.1f} GiB")
+print(f"kit KV cache per engine (vLLM's log): {seen['kv_cache_tokens']}")
+print(f"kit summary: {json.dumps(summary, default=str)[:3000]}")
+# Every cell's start, end and duration as papermill recorded them, and the end of its printed output.
+cells = []
+for index, cell in enumerate(nbformat.read(folder / "text_classification.ipynb", as_version=4).cells):
+    if cell.cell_type != "code":
+        continue
+    pm = cell.metadata.get("papermill") or {}
+    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    cells.append({"cell": index, "first_line": (cell.source.strip().splitlines() or [""])[0][:100],
+                  "start": pm.get("start_time"), "end": pm.get("end_time"), "duration_s": pm.get("duration"),
+                  "output_tail": text[-1500:]})
+Path(prefix + ".cells.json").write_text(json.dumps({"folder": str(folder), "whole_s": timing.whole_s,
+                                                    "pipeline_s": timing.pipeline_s, "cells": cells}, indent=1))
+for c in cells:
+    print(f"cell {c['cell']:2d} {c['duration_s'] or 0:7.1f} s  {c['start']}  {c['first_line']}")
+PY
+      # The engine actors' lines, with their times: the first 400 lines of every worker's log (actor
+      # start, vLLM's import and engine start), Ray's own lines on actors and workers, Ray Data's log.
+      python3 - /tmp/ray/session_latest/logs "$out/$step.ray.txt" <<'PY'
+import re, sys
+from pathlib import Path
+logs, target = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+lines = [f"# {logs}"]
+for f in sorted(logs.rglob("*")):
+    if not f.is_file():
+        continue
+    name = str(f.relative_to(logs))
+    try:
+        text = f.read_text(errors="replace").splitlines()
+    except OSError:
+        continue
+    if name.startswith("worker-") and f.suffix in (".out", ".err"):
+        keep = text[:400]
+    elif name.startswith("python-core-worker-"):
+        keep = text[:15] + [l for l in text[15:] if re.search(r"actor|Actor", l)][:40]
+    elif name.startswith(("gcs_server", "raylet")):
+        keep = [l for l in text if re.search(r"[Aa]ctor|[Ww]orker.*(start|regist)|placement", l)][:400]
+    elif "ray-data" in name:
+        keep = text[:1500]
+    else:
+        continue
+    if keep:
+        lines.append(f"===== {name} ({len(text)} lines)")
+        lines += [l[:400] for l in keep]
+target.write_text("\n".join(lines) + "\n")
+print(f"{target}: {len(lines)} lines from {logs}")
+PY
+      tar -C /tmp/ray/session_latest/logs -czf "$out/$step.raylogs.tgz" --exclude='*.pb' . 2>/dev/null || true
+      [ "$(stat -c %s "$out/$step.raylogs.tgz")" -lt 15000000 ] || rm -f "$out/$step.raylogs.tgz" ;;
+    text8b-1m-raw) python3 - "$work/1m" "$llama" "${RAW_ROWS:?RAW_ROWS: how many of the prompts raw vLLM runs}" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import pandas as pd
+from transformers import AutoTokenizer
+import bench_pipeline as b
+from helpers import classify
+work, llama, rows = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+settings = b.run_settings("text", {"MODEL_SOURCE": llama})
+params = {**b.run_notebooks.defaults("text_classification"), **settings}
+model, name = b.model_folder("text", params)
+max_tokens = classify.label_token_budget(AutoTokenizer.from_pretrained(model), params["LABELS"]).max_tokens
+csv = b.text_input(rows, work / "raw")
+whole_input = pd.read_csv(work / "text" / "companies.csv", nrows=rows)
+assert whole_input.equals(pd.read_csv(csv)), "the raw side's rows are not the first rows of the kit's input"
+single = b.run_config("text", {**params, "REPLICAS_PER_GPU": 1})  # as bench_text: one engine, whole GPU
+spec = {**{k: params[k] for k in ("LABELS", "TASK", "USER_TEMPLATE", "TEMPERATURE", "KV_CACHE_GIB")},
+        "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": single.engine_kwargs()}
+timing, raw = b.run_raw("text", spec, work / "raw")
+print(f"raw vLLM, {rows:,} prompts ({name}): whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, "
+      f"steady state (chat) {timing.generate_s:.1f} s = {rows / timing.generate_s:,.0f} prompts/s; "
+      f"engine start {raw['start_s']:.1f} s")
+print(f"raw tokens/s in steady state: {raw['output_tokens'] / timing.generate_s:,.0f} generated, "
+      f"{(raw['input_tokens'] + raw['output_tokens']) / timing.generate_s:,.0f} in all")
+busy, memory, samples = raw["gpu"]
+print(f"raw GPU busy in steady state: {busy:.0f}% ({samples} samples), memory up to {memory:.1f} GiB; "
+      f"KV cache {raw['kv_cache_tokens']}")
+print(f"raw settings: {single.engine_kwargs()}")
+kit_folder = work / "text" / "kit" / "text_classification"
+predictions = pd.read_parquet(kit_folder / "predictions.parquet")
+ids = pd.read_csv(csv)["Customer Id"].tolist()
+mine = predictions[predictions["Customer Id"].isin(set(ids))]
+kit = {"answers": dict(zip(mine["Customer Id"], mine["predicted_label"])),
+       "digests": dict(zip(mine["Customer Id"], mine["request_digest"]))}
+checked = b.agreement(raw, kit, ids)
+print(f"raw vs the kit's answers to the same {rows:,} prompts (the kit ran all 1,000,000; "
+      f"{len(predictions):,} answered):" + "".join(f"\n  {line}" for line in checked.lines()))
+sys.exit(0 if checked.ok else 1)
+PY
+      ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
@@ -67,5 +192,5 @@ kill "$sampler" 2>/dev/null || true
 date -u | tee -a "$out/$step.log"
 # The timeline: per 10 s, beside the engines' log lines (the kit's: Ray's session; raw's: its log).
 python3 benchmarks/gpu_timeline.py "$smi" --logs /tmp/ray/session_latest/logs --logs $work \
-  --results $work/8b/text/kit --results $work/vl/caption/kit 2>&1 | tee -a "$out/$step.log"
+  --results $work/8b/text/kit --results $work/vl/caption/kit --results $work/1m/text/kit 2>&1 | tee -a "$out/$step.log"
 exit "${status:-0}"
