@@ -42,7 +42,8 @@ class Kernel:
         # An absolute socket path: the kernel runs in notebooks/, this process elsewhere.
         sockets = Path(tempfile.mkdtemp(prefix="kit-kernel-")) / "kernel-ipc"
         self.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets))
-        self.km.start_kernel(cwd=str(REPO / "notebooks"), env=env)  # env: the whole environment (default: ours)
+        # env: the kernel's whole environment; without it, this process's (jupyter_client's default).
+        self.km.start_kernel(cwd=str(REPO / "notebooks"), **({"env": env} if env is not None else {}))
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
