@@ -8,7 +8,6 @@ The multi-node runs that write to the bucket from two nodes, and resume there af
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 

@@ -399,7 +399,7 @@ def test_an_edited_preprocess_starts_fresh_not_a_mix_of_old_and_new_answers(tmp_
     edited = outputs.describe_request(preprocess({"v": 0}, extra=" Be brief."))
     with pytest.raises(output_dir.InterruptedRunError, match=r"request\.messages\[0\]\.content\[0\]\.text: 'Describe\.' -> 'Describe\. Be brief\.'"):
         output_dir.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited})
-    run = output_dir.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited}, start_over=True)
+    output_dir.prepare_output_dir(str(other), resume=True, settings={"model": "a", "request": edited}, start_over=True)
     assert json.loads((other / outputs.RUN_FILE).read_text())["settings"]["request"] == edited  # readable in run.json
 
 

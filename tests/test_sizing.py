@@ -1,8 +1,5 @@
 """How big the whole input is (helpers.sizing), and what it would take (run_stats.projection)."""
 
-import io
-import tarfile
-
 import pandas as pd
 import pytest
 
