@@ -11,7 +11,6 @@ import codecs
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 from helpers import params, storage
 from helpers.output_dir import output_dir_problem
@@ -62,25 +61,6 @@ def detect_encoding(head: bytes) -> str:
     return FALLBACK_ENCODINGS[-1]
 
 
-def _head(path: str, fs) -> bytes:
-    """The first :data:`HEAD_BYTES` of the file at ``path``; of a URL, through a ranged GET (a
-    presigned URL's signature covers the request, not its Range)."""
-    if storage.scheme(path) in ("http", "https"):
-        import urllib.request
-
-        request = urllib.request.Request(path, headers={"Range": f"bytes=0-{HEAD_BYTES - 1}"})
-        with urllib.request.urlopen(request, timeout=60) as response:  # errors name no URL
-            return response.read(HEAD_BYTES)
-    filesystem, where = storage.resolve(path, fs)
-    with filesystem.open_input_stream(where) as f:
-        return f.read(HEAD_BYTES)
-
-
-def _file_name(path: str) -> str:
-    """``path`` without a URL's query (a presigned URL's signature) or fragment."""
-    return urlparse(path).path if storage.scheme(path) in ("http", "https") else path
-
-
 def _csv_columns(head: bytes, encoding: str) -> list[str]:
     import io
 
@@ -118,8 +98,8 @@ def check_text(p: Mapping[str, Any]) -> Input:
             files = storage.list_files(path, fs)  # a URL: the one file it names
             if not files:
                 problems.append(f"INPUT_PATH={storage.redact(path)!r} holds no files")
-            elif not _file_name(files[0]).lower().endswith((".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")):
-                head = _head(files[0], fs)
+            elif not storage.is_compressed(files[0]):
+                head = storage.read_head(files[0], HEAD_BYTES, fs)
                 encoding = detect_encoding(head)
                 wanted = {n: p[n] for n in ("TEXT_COLUMN", "ID_COLUMN", "LABEL_COLUMN") if isinstance(p[n], str)}
                 problems += missing_columns(_csv_columns(head, encoding), wanted, storage.redact(files[0]))

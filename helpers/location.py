@@ -39,7 +39,7 @@ class Location:
             return where
         text = str(where)
         if storage.is_remote(text):
-            if storage.scheme(text) in ("http", "https"):
+            if storage.is_web(text):
                 raise OutputLocationError(f"{storage.redact(text)!r} is a web address: results cannot be written there; "
                                           "use a local folder or a bucket URI (s3://, gs://)")
             uri = text.rstrip("/")

@@ -17,7 +17,6 @@ from helpers import storage
 CSV_SAMPLE_BYTES = 1 << 20  # read of the first CSV file
 TAR_SAMPLE_BYTES = 8 << 20  # read of the first webdataset shard
 PARQUET_FOOTERS = 64  # files whose footers are read; more files: scaled by size
-COMPRESSED = (".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,7 @@ class InputSize:
 def input_size(path: str, input_format: str, fs=None) -> InputSize:
     """The rows (images, samples) under ``path`` in ``input_format`` ("csv", "parquet",
     "webdataset" or "images")."""
-    if storage.scheme(path) in ("http", "https"):
+    if storage.is_web(path):
         return InputSize(None, "an http(s) URL does not say how big it is")
     try:
         files = storage.list_files(path, fs)
@@ -40,7 +39,7 @@ def input_size(path: str, input_format: str, fs=None) -> InputSize:
             return InputSize(len(files), f"counted: {len(files)} files")
         if input_format == "parquet":
             return _parquet(filesystem, wheres, sizes)
-        if any(w.lower().endswith(COMPRESSED) for w in wheres):
+        if any(storage.is_compressed(w) for w in wheres):
             return InputSize(None, "compressed files: their rows cannot be told from their sizes")
         if input_format == "csv":
             return _sampled(filesystem, wheres, sizes, CSV_SAMPLE_BYTES, _csv_rows, "rows")

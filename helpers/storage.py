@@ -66,6 +66,34 @@ def is_remote(path: str) -> bool:
     return scheme(path) not in ("", "file")
 
 
+def is_web(path: str) -> bool:
+    """True for ``http://`` and ``https://`` URLs: one file each, which cannot be listed or written."""
+    return scheme(path) in ("http", "https")
+
+
+#: Endings of compressed files, whose rows and encoding cannot be told from their first bytes.
+COMPRESSED = (".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")
+
+
+def is_compressed(path: str) -> bool:
+    """True when the file at ``path`` ends like a compressed one (a URL's query left out)."""
+    return (urlparse(path).path if is_web(path) else path).lower().endswith(COMPRESSED)
+
+
+def read_head(path: str, nbytes: int, fs=None) -> bytes:
+    """The first ``nbytes`` of the file at ``path``: through ``fs`` (:func:`resolve`), or for a URL
+    a ranged GET (a presigned URL's signature covers the request, not its Range; errors name no URL)."""
+    if is_web(path):
+        import urllib.request
+
+        request = urllib.request.Request(path, headers={"Range": f"bytes=0-{nbytes - 1}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.read(nbytes)
+    filesystem, where = resolve(path, fs)
+    with filesystem.open_input_stream(where) as f:
+        return f.read(nbytes)
+
+
 def filesystem(path: str):
     """The pyarrow filesystem to read ``path`` with, or ``None`` to let Ray choose (the default).
 
@@ -138,7 +166,7 @@ def list_files(path: str, fs=None) -> list[str]:
     an ``http(s)://`` URL cannot be listed and is taken as the one file it names.
     Raises ``FileNotFoundError`` when nothing is there.
     """
-    if scheme(path) in ("http", "https"):
+    if is_web(path):
         return [path]
     from pyarrow import fs as pafs
 

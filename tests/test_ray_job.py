@@ -56,8 +56,8 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def local_cluster():
-    """A Ray head node on loopback, one per test module, stopped by PID afterwards (``ray stop`` would stop every Ray here).
-    Its temp folder is ``<ray_tmpdir>/ray``, its own: ``ray start`` records the cluster there, and a
+    """A Ray head node on loopback, one per test module, stopped by PID afterwards (``ray stop`` would
+    stop every Ray here). Its temp folder is ``<ray_tmpdir>/ray``, its own: ``ray start`` records the cluster there, and a
     ``ray.init()`` finds the record only with ``RAY_TMPDIR=<ray_tmpdir>``, so the rest of the suite
     never joins it."""
     ray_tmpdir = tempfile.mkdtemp(prefix="kitray-")  # short: Ray's socket paths must stay under ~100 characters

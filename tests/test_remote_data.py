@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BUCKET, tar_bytes as _tar
+from conftest import BUCKET, tar_bytes
 from helpers import image_data, storage
 
 
@@ -43,8 +43,8 @@ def test_secrets_in_paths_are_redacted():
 def test_remote_layouts_are_listed_not_guessed(s3):
     # The bug this guards: every remote folder was called "images", so a folder of .tar shards was
     # read as two broken images and the summary still said every image was accounted for.
-    s3.put_object(Bucket=BUCKET, Key="layouts/wds/shard-000000.tar", Body=_tar({"a.jpg": b"1"}))
-    s3.put_object(Bucket=BUCKET, Key="layouts/wds/shard-000001.tar", Body=_tar({"a.jpg": b"1"}))
+    s3.put_object(Bucket=BUCKET, Key="layouts/wds/shard-000000.tar", Body=tar_bytes({"a.jpg": b"1"}))
+    s3.put_object(Bucket=BUCKET, Key="layouts/wds/shard-000001.tar", Body=tar_bytes({"a.jpg": b"1"}))
     s3.put_object(Bucket=BUCKET, Key="layouts/pq/train-0.parquet", Body=b"PAR1")
     s3.put_object(Bucket=BUCKET, Key="layouts/img/a.png", Body=b"1")
     s3.put_object(Bucket=BUCKET, Key="layouts/img/b.jpg", Body=b"1")
