@@ -112,13 +112,17 @@ def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
     if ray.is_initialized():
         ray.shutdown()
     # Worker logs (vLLM's start-up chatter) only when verbose; errors still surface as exceptions.
-    kwargs: dict[str, Any] = {"runtime_env": node_cache.runtime_env({"env_vars": env_vars}), "log_to_driver": verbose}
+    kwargs: dict[str, Any] = {"log_to_driver": verbose}
     address = cluster_address()
     if address is None:  # "local": never join a cluster by a stale record; sized for the pipeline
+        # No job-wide runtime_env: a local Ray's workers inherit this process's environment and
+        # cache, and the engines get theirs from the processor. Ray starts a worker process for
+        # each task that asks for a runtime_env its ready workers lack: a job-wide one made the
+        # first read wait ~7 s on a 2-core machine, and every light task a process of its own.
         kwargs.update(address="local", num_cpus=budget.ray_cpus)
     else:
         enable_token_auth_if_available()
-        kwargs["address"] = address
+        kwargs.update(address=address, runtime_env=node_cache.runtime_env({"env_vars": env_vars}))
     ray.init(**kwargs)
     node_cache.check_every_node_has()  # the offline model and sample images on every node, before any read
     return ray.cluster_resources()

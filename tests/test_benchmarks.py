@@ -184,3 +184,16 @@ def test_pipeline_benchmark_splits_raw_and_kit_over_two_commands(tmp_path, monke
                       side="kit")
     with pytest.raises(SystemExit):
         bench.main(["--task", "text", "--side", "kit"])  # no --workdir: nowhere to find the raw side
+
+
+def test_cell_profiler_runs_each_notebooks_cells_up_to_the_pipeline_with_its_parameters():
+    profiler = load_script("profile_cells", folder="benchmarks")
+    for notebook in ("text_classification", "vlm_captioning"):
+        cells = profiler.code_cells(notebook, {"LIMIT": "12"})
+        sources = [source for _, source in cells]
+        assert sources[0].startswith("import") and "pipeline.run(" not in "".join(sources)
+        assert any("build_processor(" in s for s in sources)  # up to and with the processor cell
+        [parameters] = [s for s in sources if "\nLIMIT = 12" in s]
+        assert parameters.index("\nLIMIT = 12") > parameters.index("LIMIT = None")  # set after, as papermill does
+    with pytest.raises(ValueError):
+        profiler.code_cells("text_classification", {"LIMIT": "print('not a literal')"})

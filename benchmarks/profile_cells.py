@@ -1,0 +1,81 @@
+"""Where a notebook's time goes before its pipeline: run its cells up to (not including) the pipeline
+cell in this process, as a kernel would, and print each cell's seconds and, for the slow ones, the
+calls that took them (cProfile, cumulative time).
+
+    python benchmarks/profile_cells.py text_classification -p MODEL_SOURCE '"random-weights:unsloth/Llama-3.1-8B-Instruct"' \
+        -p INPUT_PATH '"/data/companies.csv"'
+
+Each ``-p NAME VALUE`` sets a parameter (VALUE is Python, as in the parameters cell). Ray is shut
+down at the end. Results go to stdout only; nothing is written to OUTPUT_DIR (the pipeline cell is
+where the notebook first writes there, and it does not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PIPELINE_CELL = "pipeline.run("  # the first cell that runs the pipeline (and writes results)
+
+
+def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]]:
+    """The notebook's code cells before its pipeline cell, with ``overrides`` set after the
+    parameters cell (as papermill injects them) and IPython-only lines left out."""
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / f"{notebook}.ipynb", as_version=4)
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if PIPELINE_CELL in cell.source:
+            break
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("display("))
+        if "parameters" in cell.metadata.get("tags", []):
+            for name, value in overrides.items():
+                ast.literal_eval(value)  # a literal, as the parameters cell takes
+                source += f"\n{name} = {value}"
+        cells.append((cell.source.strip().splitlines()[0][:80], source))
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebook", choices=["text_classification", "vlm_captioning"])
+    parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    parser.add_argument("--top", type=int, default=20, help="calls shown for each cell over --slow seconds")
+    parser.add_argument("--slow", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    os.chdir(REPO / "notebooks")  # where a kernel runs the notebook
+    sys.path.insert(0, str(REPO))
+    namespace: dict = {"__name__": "__main__"}
+    total = 0.0
+    for index, (first_line, source) in enumerate(code_cells(args.notebook, dict(args.p))):
+        profile = cProfile.Profile()
+        start = time.perf_counter()
+        profile.enable()
+        exec(compile(source, f"<cell {index}>", "exec"), namespace)
+        profile.disable()
+        seconds = time.perf_counter() - start
+        total += seconds
+        print(f"=== cell {index}: {seconds:.2f} s  {first_line}", flush=True)
+        if seconds > args.slow:
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
+            print(text.getvalue().split("\n\n", 2)[-1].rstrip(), flush=True)
+    print(f"=== before the pipeline: {total:.1f} s", flush=True)
+    if "ray" in namespace:
+        namespace["ray"].shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
