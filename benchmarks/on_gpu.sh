@@ -9,6 +9,9 @@
 #   bash benchmarks/on_gpu.sh text8b-kit    # the kit against that raw side: auto (2 replicas, fixed pool)
 #   bash benchmarks/on_gpu.sh text8b-kit3   # the same with 3 replicas on the GPU (REPLICAS_PER_GPU=3)
 #   bash benchmarks/on_gpu.sh text8b-kit1   # the same with 1 replica (REPLICAS_PER_GPU=1)
+#   bash benchmarks/on_gpu.sh text8b-kit-s1 # the same as text8b-kit with each light stage holding 1 CPU
+#   bash benchmarks/on_gpu.sh profile8b     # the text notebook's cells before the pipeline, timed and
+#                                           # profiled (benchmarks/profile_cells.py), 100,000 prompts, 8B shape
 #   bash benchmarks/on_gpu.sh vl3b-raw      # warm-up, then raw vLLM: 10,000 images, Qwen2.5-VL-3B shape
 #   bash benchmarks/on_gpu.sh vl3b-kit      # the kit against that raw side: auto (1 replica)
 #   bash benchmarks/on_gpu.sh vl3b-raw2     # warm-up (the kit with 2 replicas), then raw vLLM: 10,000 images
@@ -64,6 +67,14 @@ for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
     text8b-raw) bench --task text --rows 100000 --workdir $work/8b --side raw --warmup 1000 -p MODEL_SOURCE "$llama" ;;
     text8b-kit) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" ;;
     text8b-kit3) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 3 ;;
+    text8b-kit-s1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p CPU_STAGE_CPUS 1 ;;
+    profile8b) python3 -c "
+import sys; sys.path.insert(0, 'benchmarks')
+from pathlib import Path
+import bench_pipeline as b
+print(b.text_input(100_000, Path('$work/profile')))"
+      python3 benchmarks/profile_cells.py text_classification --top 25 -p MODEL_SOURCE "'$llama'" \
+        -p INPUT_PATH "'$work/profile/companies.csv'" -p OUTPUT_DIR "'$work/profile/out'" ;;
     text8b-kit1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 1 ;;
     vl3b-raw) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 500 -p MODEL_SOURCE "$qwen" ;;
     vl3b-raw2) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 200 -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
