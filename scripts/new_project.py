@@ -86,6 +86,17 @@ def portable_tests(modules: list[str]) -> list[Path]:
     return chosen
 
 
+def project_modules(use_case: str) -> list[str]:
+    """The ``helpers`` modules a project for ``use_case`` takes: what its notebook imports, transitively."""
+    return module_closure(helper_imports(notebook_code(REPO / "notebooks" / f"{use_case}.ipynb")))
+
+
+def carried(use_case: str) -> list[Path]:
+    """The kit's files a project for ``use_case`` runs as they are: its notebook (under nbval) and the
+    kit's unit tests it takes (:func:`portable_tests`)."""
+    return [REPO / "notebooks" / f"{use_case}.ipynb", *portable_tests(project_modules(use_case))]
+
+
 def first_line(module: Path) -> str:
     doc = ast.get_docstring(ast.parse(module.read_text())) or ""
     return doc.strip().splitlines()[0] if doc.strip() else ""
@@ -117,7 +128,7 @@ def create(use_case: str, dest: Path, job_name: str) -> Path:
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} exists and is not empty; choose a new folder")
     notebook = REPO / "notebooks" / f"{use_case}.ipynb"
-    modules = module_closure(helper_imports(notebook_code(notebook)))
+    modules = project_modules(use_case)
     tests = portable_tests(modules)
 
     dest.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,36 @@ def load_script(name: str, folder: str = "scripts") -> ModuleType:
     return module
 
 
+#: The test that runs each generated project's own suite (tests/test_templates.py).
+PROJECT_SUITES = "tests/test_templates.py::test_a_project_passes_its_whole_suite_exactly_as_generated"
+RUN_IN_PROJECTS = pytest.StashKey[tuple]()  # (how many items, which use cases)
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k chose what runs
+def pytest_collection_modifyitems(config, items):
+    """Run each test once: where this session runs a generated project's suite, the kit's files that
+    the project runs as they are (its notebook under nbval, the kit's unit tests it carries, each
+    byte for byte against the same helpers) run there, not here as well."""
+    use_cases = {item.callspec.params["use_case"] for item in items
+                 if item.nodeid.startswith(PROJECT_SUITES) and hasattr(item, "callspec")}
+    if not use_cases:
+        return
+    new_project = load_script("new_project")
+    inside = {path.resolve() for use_case in use_cases for path in new_project.carried(use_case)}
+    there = [item for item in items if Path(str(item.fspath)).resolve() in inside]
+    if there:
+        items[:] = [item for item in items if item not in there]
+        config.hook.pytest_deselected(items=there)
+        config.stash[RUN_IN_PROJECTS] = (len(there), sorted(use_cases))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if RUN_IN_PROJECTS in config.stash:
+        count, use_cases = config.stash[RUN_IN_PROJECTS]
+        terminalreporter.write_line(f"{count} of the kit's tests and notebook cells run inside the generated "
+                                    f"{' and '.join(use_cases)} projects' suites (the same files), not a second time here")
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
