@@ -68,8 +68,6 @@ def plot_confusion_matrix(cm: pd.DataFrame, path: Path | None = None, title: str
 def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Series | None = None,
                       path: Path | None = None):
     """Bar chart of how often each label was predicted (and, if given, how often it is true)."""
-    import matplotlib.pyplot as plt
-
     counts = pd.DataFrame({"predicted": predicted.value_counts().reindex(labels, fill_value=0)})
     if truth is not None:
         counts["true"] = truth.value_counts().reindex(labels, fill_value=0)
