@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
         return
     new_project = load_script("new_project")
     inside = {path.resolve() for use_case in use_cases for path in new_project.carried(use_case)}
-    there = [item for item in items if Path(str(item.fspath)).resolve() in inside]
+    there = [item for item in items if item.path.resolve() in inside]
     if there:
         items[:] = [item for item in items if item not in there]
         config.hook.pytest_deselected(items=there)
