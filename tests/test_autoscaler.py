@@ -23,9 +23,9 @@ import pytest
 import yaml
 from ray.autoscaler._private.fake_multi_node.node_provider import FAKE_HEAD_NODE_ID
 
-from test_multinode import RAY, _node_ports, run_notebook
+from test_multinode import _node_ports, run_notebook
 import test_ray_job
-from test_ray_job import free_port, ray_processes, stop_processes
+from test_ray_job import free_port, ray_processes, ray_start, stop_processes
 
 local_cluster = test_ray_job.local_cluster  # a plain head node: Ray's monitor, no autoscaling configuration
 
@@ -87,12 +87,10 @@ def autoscaling_cluster(v2: bool = False):
     head_env = {**env, **({"RAY_enable_autoscaler_v2": "1", "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID,
                            "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID} if v2 else {})}
     try:
-        head = subprocess.run(
-            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
-             "--autoscaling-config", str(Path(ray_tmpdir, "autoscaling.yaml")), "--temp-dir", temp_dir,
-             "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
-            env=head_env, capture_output=True, text=True, timeout=180)
-        assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
+        ray_start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
+                   "--autoscaling-config", str(Path(ray_tmpdir, "autoscaling.yaml")), "--temp-dir", temp_dir,
+                   "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
+                  head_env, head_temp_dir=temp_dir)
         yield gcs, env
     finally:
         # The worker nodes' processes are the monitor's children and use the head's temp folder; the

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from test_ray_job import free_port, stop_processes
+from test_ray_job import free_port, ray_start, stop_processes
 
-RAY = str(Path(sys.executable).parent / "ray")
 
 
 def _unshare_works() -> str:
@@ -67,20 +66,15 @@ def two_nodes(tmp_path):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     try:
-        head = subprocess.run(
-            [RAY, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "3",
-             "--temp-dir", temp_dir, "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
-            env=env, capture_output=True, text=True, timeout=180)
-        assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
+        ray_start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "3",
+                   "--temp-dir", temp_dir, "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
+                  env, head_temp_dir=temp_dir)
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
-        worker_start = " ".join([RAY, "start", "--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "3",
-                                 "--disable-usage-stats", *_node_ports()])
-        worker = subprocess.run(
-            ["unshare", "-m", "--propagation", "private", "sh", "-c",
-             f"mount -t tmpfs kit-node-disk {shlex.quote(str(node_disk))} && "
-             f"mount -t tmpfs kit-node-cache {shlex.quote(str(cache))} && exec {worker_start}"],
-            env=env, capture_output=True, text=True, timeout=180)
-        assert worker.returncode == 0, worker.stdout[-2000:] + worker.stderr[-2000:]
+        ray_start(["--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "3", "--disable-usage-stats",
+                   *_node_ports()], env, wrap=lambda cmd: [
+            "unshare", "-m", "--propagation", "private", "sh", "-c",
+            f"mount -t tmpfs kit-node-disk {shlex.quote(str(node_disk))} && "
+            f"mount -t tmpfs kit-node-cache {shlex.quote(str(cache))} && exec {shlex.join(cmd)}"])
         yield gcs, env, node_disk
     finally:
         gcs = locals().get("gcs")
