@@ -194,17 +194,20 @@ def runs_the_engine(processes: list) -> bool:
 def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates_nothing_across_kills(
         s3, two_nodes, tmp_path):
     """The issue's run, on a real two-node cluster whose worker has a cache of its own: the text
-    notebook with a local OUTPUT_DIR the worker node cannot see stops with the message. With
-    OUTPUT_DIR in a bucket (moto's S3 server, reached from both nodes) and the engine on the worker
-    (the head's CPUs held), which prepares the offline model itself: a run SIGKILLed part-way, then
-    run again, and during that second run the worker node SIGKILLed with the engine on it. The second
-    run finishes on the head, and accounts for every row once."""
+    notebook with a local OUTPUT_DIR the worker node cannot see stops with the message. With its
+    input (a folder of CSV files) and OUTPUT_DIR in a bucket (moto's S3 server, reached from both
+    nodes), LIMIT set (as job.yaml runs it: resuming was once off whenever LIMIT was set), and the
+    engine on the worker (the head's CPUs held), which prepares the offline model itself: a run
+    SIGKILLed part-way; a re-run with a changed setting stops before the pipeline, saying what
+    changed, and leaves the interrupted run's objects as they were; then the run again, and during
+    it the worker node SIGKILLed with the engine on it. That run finishes on the head, and accounts
+    for every row once."""
     import time
 
     import pandas as pd
     import psutil
 
-    from conftest import BUCKET
+    from conftest import BUCKET, REPO
     from helpers import report
     from test_resume import committed_ids, kill_when_checkpointed
 
@@ -215,17 +218,36 @@ def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates
     assert "do not see" in local.stdout + local.stderr and "a bucket" in local.stdout + local.stderr
 
     limit = 120
+    s3.upload_file(str(REPO / "helpers" / "sample_data" / "customers.csv"), BUCKET, "customers/part-0.csv")
     # "auto" never falls back to CPUs on a cluster; small blocks and batches: a commit every 4 rows.
-    slow = {"PRESET": "text-cpu-offline", "LIMIT": limit, "NUM_BLOCKS": 30, "BATCH_SIZE": 4,
-            "MAX_CONCURRENT_BATCHES": 1}
+    slow = {"PRESET": "text-cpu-offline", "INPUT_PATH": f"s3://{BUCKET}/customers/", "LIMIT": limit,
+            "NUM_BLOCKS": 30, "BATCH_SIZE": 4, "MAX_CONCURRENT_BATCHES": 1}
     root = f"s3://{BUCKET}/two-nodes"
+    folder = "two-nodes/text_classification/"
     checkpoint = f"{root}/text_classification/checkpoint/results"
+
+    def objects() -> dict:
+        """The interrupted run's results so far: its part files and checkpoints."""
+        listed = [o for prefix in ("parts/", "checkpoint/")
+                  for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=folder + prefix).get("Contents", [])]
+        return {o["Key"]: s3.get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read() for o in listed}
+
     holder = hold_the_heads_cpus(env, gcs)
     try:
         first = run_notebook(env, root, slow, wait=False)
         kill_when_checkpointed(first, checkpoint)  # the engine on the worker, from its own cache, answered
         done_before = committed_ids(checkpoint)
         assert 0 < len(done_before) < limit
+
+        # A touched TEMPERATURE stops the re-run before the pipeline, saying what changed; the
+        # interrupted run's objects stay byte for byte (they were deleted with one printed line).
+        kept = objects()
+        assert any("/parts/" in key for key in kept)
+        changed = run_notebook(env, root, {**slow, "TEMPERATURE": 0.5})
+        said = changed.stdout + changed.stderr
+        assert changed.returncode != 0 and "InterruptedRunError" in said, said[-3000:]
+        assert "sampling_params.temperature: 0.0 -> 0.5" in said and f"{len(done_before)} rows finished" in said
+        assert objects() == kept and committed_ids(checkpoint) == done_before
 
         log = tmp_path / "resumed.log"
         resumed = run_notebook(env, root, slow, wait=False, log=log)
@@ -248,7 +270,6 @@ def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates
     killed_at = len(committed_ids(checkpoint))
     assert killed_at < limit
     assert resumed.wait(timeout=900) == 0, log.read_text()[-5000:]
-    folder = "two-nodes/text_classification/"
 
     def read(name):
         return s3.get_object(Bucket=BUCKET, Key=folder + name)["Body"].read()
@@ -262,6 +283,8 @@ def test_on_two_nodes_a_local_output_dir_stops_and_a_bucket_loses_and_duplicates
     predictions, errors = (pd.read_parquet(io.BytesIO(read(n))) for n in ("predictions.parquet", "errors.parquet"))
     ids = pd.concat([predictions["Customer Id"], errors["Customer Id"]])
     assert ids.is_unique and len(ids) == limit and done_before <= set(ids)
+    first_rows = pd.read_csv(REPO / "helpers" / "sample_data" / "customers.csv", dtype=str).head(limit)
+    assert set(ids) == set(first_rows["Customer Id"])  # LIMIT: the file's first rows, across both runs
     listed = {o["Key"][len(folder):] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=folder)["Contents"]}
     assert {"text_classification.html", "text_classification.ipynb", "label_counts.png", "run.json"} <= listed
     assert not committed_ids(checkpoint)  # a finished run deletes its checkpoints
