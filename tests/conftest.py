@@ -76,6 +76,17 @@ def smollm2_path() -> Path:
     return prepare_smollm2()
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 CPUs) for a module's Ray Data runs: a start per test costs seconds on 2 cores.
+    Each run builds its own dataset and stages; Ray Data ends a run's actors with the run."""
+    import ray
+
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
 def parameterised_notebook(path: Path, parameters: str, *code: str) -> Path:
     """Write a small notebook to ``path``: a cell tagged ``parameters`` with ``parameters``, then
     one code cell per ``code``; for tests of the runner."""

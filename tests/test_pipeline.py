@@ -36,7 +36,7 @@ def test_a_preprocess_that_fails_on_the_example_is_reported_at_once():
 
 
 @pytest.mark.slow
-def test_a_block_of_rejected_rows_keeps_integer_settings_integers(tmp_path):
+def test_a_block_of_rejected_rows_keeps_integer_settings_integers(local_ray, tmp_path):
     # Ray Data joins blocks into an actor stage's batch column by column. A block holding rejected
     # rows only, without a request, read as nulls there: every row's max_tokens became a float, which
     # vLLM's engine refuses in its input thread, and the run stalled for good (8 rows, 8 blocks, an
@@ -44,33 +44,29 @@ def test_a_block_of_rejected_rows_keeps_integer_settings_integers(tmp_path):
     import ray
     from ray.llm._internal.batch.stages.base import wrap_preprocess
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
-    try:
-        names = ["Walmart", "Pfizer", "", "Zillow", "Siemens", "", "", "Accenture"]
-        ds = ray.data.from_items([{"text": n, REJECT_REASON: "" if n else "empty value"} for n in names],
-                                 override_num_blocks=len(names))
-        def ask(row):  # defined here: Ray's workers cannot import this test module
-            return {"messages": [{"role": "user", "content": row["text"]}], "sampling_params": {"max_tokens": 3}}
+    names = ["Walmart", "Pfizer", "", "Zillow", "Siemens", "", "", "Accenture"]
+    ds = ray.data.from_items([{"text": n, REJECT_REASON: "" if n else "empty value"} for n in names],
+                             override_num_blocks=len(names))
+    def ask(row):  # defined here: Ray's workers cannot import this test module
+        return {"messages": [{"role": "user", "content": row["text"]}], "sampling_params": {"max_tokens": 3}}
 
-        first = wrap_preprocess(pipeline.guard_preprocess(ask, {"text": "Walmart"}), "__data")
+    first = wrap_preprocess(pipeline.guard_preprocess(ask, {"text": "Walmart"}), "__data")
 
-        class Stage:  # what each of Ray Data LLM's stages does with a batch: rows in, the same rows out
-            async def __call__(self, batch):
-                yield {"__data": list(batch["__data"])}
+    class Stage:  # what each of Ray Data LLM's stages does with a batch: rows in, the same rows out
+        async def __call__(self, batch):
+            yield {"__data": list(batch["__data"])}
 
-        class Types:
-            def __call__(self, batch):
-                return {"text": [r["text"] for r in batch["__data"]],
-                        "max_tokens": [type(r["sampling_params"]["max_tokens"]).__name__ if r["sampling_params"]
-                                       else "missing" for r in batch["__data"]]}
+    class Types:
+        def __call__(self, batch):
+            return {"text": [r["text"] for r in batch["__data"]],
+                    "max_tokens": [type(r["sampling_params"]["max_tokens"]).__name__ if r["sampling_params"]
+                                   else "missing" for r in batch["__data"]]}
 
-        pool = ray.data.ActorPoolStrategy(size=1)
-        rows = (ds.map(first).map_batches(Stage, batch_size=1, compute=pool, zero_copy_batch=True)
-                .map_batches(Types, batch_size=64, compute=pool, zero_copy_batch=True).take_all())
-        assert len(rows) == len(names)
-        assert {r["max_tokens"] for r in rows} == {"int"}  # without the stand-in: {"float", "missing"}
-    finally:
-        ray.shutdown()
+    pool = ray.data.ActorPoolStrategy(size=1)
+    rows = (ds.map(first).map_batches(Stage, batch_size=1, compute=pool, zero_copy_batch=True)
+            .map_batches(Types, batch_size=64, compute=pool, zero_copy_batch=True).take_all())
+    assert len(rows) == len(names)
+    assert {r["max_tokens"] for r in rows} == {"int"}  # without the stand-in: {"float", "missing"}
 
 
 def test_ray_llm_stages_bypass_only_the_rejected_rows_of_a_mixed_block():
@@ -230,41 +226,37 @@ def test_progress_shows_when_a_person_steps_through_not_under_papermill(monkeypa
 
 
 @pytest.mark.slow
-def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(tmp_path):
+def test_one_pass_writes_every_row_once_and_counts_them_where_they_enter(local_ray, tmp_path):
     import ray
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
-    try:
-        csv = tmp_path / "in.csv"
-        pd.DataFrame({"id": [str(i) for i in range(60)], "text": ["x"] * 45 + [""] * 15}).to_csv(csv, index=False)
-        ds = ray.data.read_csv(str(csv), override_num_blocks=5).limit(50).map_batches(
-            lambda b: b.assign(**{REJECT_REASON: ["" if t == "x" else "empty" for t in b["text"].fillna("")]}),
-            batch_format="pandas")
-        guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
-        answer = pipeline.guard_postprocess(lambda r: {"label": "A"}, carry=["id"])
+    csv = tmp_path / "in.csv"
+    pd.DataFrame({"id": [str(i) for i in range(60)], "text": ["x"] * 45 + [""] * 15}).to_csv(csv, index=False)
+    ds = ray.data.read_csv(str(csv), override_num_blocks=5).limit(50).map_batches(
+        lambda b: b.assign(**{REJECT_REASON: ["" if t == "x" else "empty" for t in b["text"].fillna("")]}),
+        batch_format="pandas")
+    guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
+    answer = pipeline.guard_postprocess(lambda r: {"label": "A"}, carry=["id"])
 
-        class Engine:  # an actor stage, as in the processor: it keeps the write apart from the steps before
-            def __call__(self, batch):
-                return batch
+    class Engine:  # an actor stage, as in the processor: it keeps the write apart from the steps before
+        def __call__(self, batch):
+            return batch
 
-        def processor(rows):
-            return rows.map(lambda r: {**r, **guarded(r)}).map_batches(Engine, concurrency=1).map(
-                lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
-                else {**answer(r), INFERENCE_ERROR: ""})
+    def processor(rows):
+        return rows.map(lambda r: {**r, **guarded(r)}).map_batches(Engine, concurrency=1).map(
+            lambda r: {k: v for k, v in r.items() if k not in ("text", "prompt")} if r[INFERENCE_ERROR]
+            else {**answer(r), INFERENCE_ERROR: ""})
 
-        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
-        started = time.perf_counter()
-        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                                   stage_cpus=0.1, startup_timeout_s=120)
-        result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": ""}, id_column="id",
-                              answered_name="predictions.parquet")
-        assert result.throughput.seconds <= time.perf_counter() - started
-        assert result.rows_entered_now == 50 and result.rows_written_now == 50 and result.rows_read == 50
-        assert len(result.answered) == 45 and set(result.errors[STAGE]) == {REJECTED} and len(result.errors) == 5
-        assert result.throughput.answered_rows == 45 and "Write" in result.stats
-        assert not (out.root / outputs.PARTS / "rejected").exists()  # one write, one folder
-    finally:
-        ray.shutdown()
+    out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+    started = time.perf_counter()
+    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                               stage_cpus=0.1, startup_timeout_s=120)
+    result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": ""}, id_column="id",
+                          answered_name="predictions.parquet")
+    assert result.throughput.seconds <= time.perf_counter() - started
+    assert result.rows_entered_now == 50 and result.rows_written_now == 50 and result.rows_read == 50
+    assert len(result.answered) == 45 and set(result.errors[STAGE]) == {REJECTED} and len(result.errors) == 5
+    assert result.throughput.answered_rows == 45 and "Write" in result.stats
+    assert not (out.root / outputs.PARTS / "rejected").exists()  # one write, one folder
 
 
 def test_rows_per_file_aims_at_64_files_between_a_batch_and_10000_rows():
@@ -275,39 +267,35 @@ def test_rows_per_file_aims_at_64_files_between_a_batch_and_10000_rows():
 
 
 @pytest.mark.slow
-def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they_come(tmp_path):
+def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they_come(local_ray, tmp_path):
     """Read blocks of 48 rows, batches of 8: without the kit's repartition each engine task would
     take a whole block and its rows would come back together; with it, a file comes per batch."""
     import ray
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
-    try:
-        ds = ray.data.from_items([{"id": str(i), "text": "x", REJECT_REASON: ""} for i in range(96)],
-                                 override_num_blocks=2)
-        guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
-        answer = pipeline.guard_postprocess(lambda r: {"label": "A", "rows_in_task": r["rows_in_task"]},
-                                            carry=["id"])
+    ds = ray.data.from_items([{"id": str(i), "text": "x", REJECT_REASON: ""} for i in range(96)],
+                             override_num_blocks=2)
+    guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
+    answer = pipeline.guard_postprocess(lambda r: {"label": "A", "rows_in_task": r["rows_in_task"]},
+                                        carry=["id"])
 
-        class Engine:  # an engine stage: one batch at a time, 0.3 s each
-            def __call__(self, batch):
-                time.sleep(0.3)
-                return {**batch, "rows_in_task": [len(batch["id"])] * len(batch["id"])}
+    class Engine:  # an engine stage: one batch at a time, 0.3 s each
+        def __call__(self, batch):
+            time.sleep(0.3)
+            return {**batch, "rows_in_task": [len(batch["id"])] * len(batch["id"])}
 
-        def processor(rows):
-            return rows.map(lambda r: {**r, **guarded(r)}).map_batches(
-                Engine, concurrency=1, batch_size=8).map(answer)
+    def processor(rows):
+        return rows.map(lambda r: {**r, **guarded(r)}).map_batches(
+            Engine, concurrency=1, batch_size=8).map(answer)
 
-        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
-        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                                   stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
-        result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": "", "rows_in_task": 0},
-                              id_column=None, answered_name="predictions.parquet", expected_rows=96)
-        assert len(result.answered) == 96 and set(result.answered["rows_in_task"]) == {8}
-        assert len(result.files) == 12  # rows_per_file(8, 96) == 8: a file per batch, as it was answered
-        times = sorted(mtime for _, mtime in out.parts(pipeline.RESULTS).files())
-        assert times[-1] - times[0] > 1.5  # written over the run (12 batches x 0.3 s), not together at the end
-    finally:
-        ray.shutdown()
+    out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
+    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": "", "rows_in_task": 0},
+                          id_column=None, answered_name="predictions.parquet", expected_rows=96)
+    assert len(result.answered) == 96 and set(result.answered["rows_in_task"]) == {8}
+    assert len(result.files) == 12  # rows_per_file(8, 96) == 8: a file per batch, as it was answered
+    times = sorted(mtime for _, mtime in out.parts(pipeline.RESULTS).files())
+    assert times[-1] - times[0] > 1.5  # written over the run (12 batches x 0.3 s), not together at the end
 
 
 def test_a_run_that_writes_nothing_stops_after_the_startup_timeout(tmp_path):
@@ -389,7 +377,7 @@ def _stand_in_processor(engine_cls, batch_size: int = 8):
 
 
 @pytest.mark.slow
-def test_limit_runs_the_first_rows_of_the_input_even_when_the_first_file_arrives_last(tmp_path):
+def test_limit_runs_the_first_rows_of_the_input_even_when_the_first_file_arrives_last(local_ray, tmp_path):
     """Ray's limit keeps the first rows to arrive: with the first file's blocks made slow, a LIMIT=25
     run took rows of the later files. data.first_rows keeps the input's order: the first 25 ids,
     and the ids checked and the sample taken are those rows."""
@@ -407,63 +395,55 @@ def test_limit_runs_the_first_rows_of_the_input_even_when_the_first_file_arrives
             time.sleep(4)
         return batch.assign(**{REJECT_REASON: ""})
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
-    try:
-        def read():
-            return ray.data.read_csv(str(folder), override_num_blocks=8, convert_options=data.string_columns("id")
-                                     ).map_batches(slow_first_file, batch_format="pandas")
+    def read():
+        return ray.data.read_csv(str(folder), override_num_blocks=8, convert_options=data.string_columns("id")
+                                 ).map_batches(slow_first_file, batch_format="pandas")
 
-        first_25 = [f"{i:03d}" for i in range(25)]
-        assert sorted(r["id"] for r in read().limit(25).take_all()) != first_25  # Ray's own limit: what came first
-        ds = data.first_rows(read(), 25)
-        sample = data.check_and_sample(ds, "id", sample=10)
-        assert [r["id"] for r in sample] == first_25[:10]
+    first_25 = [f"{i:03d}" for i in range(25)]
+    assert sorted(r["id"] for r in read().limit(25).take_all()) != first_25  # Ray's own limit: what came first
+    ds = data.first_rows(read(), 25)
+    sample = data.check_and_sample(ds, "id", sample=10)
+    assert [r["id"] for r in sample] == first_25[:10]
 
-        class Engine:
-            def __call__(self, batch):
-                return batch
+    class Engine:
+        def __call__(self, batch):
+            return batch
 
-        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
-        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                                   stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
-        result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
-                              id_column="id", answered_name="predictions.parquet", limit=25)
-        assert sorted(result.answered["id"]) == first_25
-    finally:
-        ray.shutdown()
+    out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
+                          id_column="id", answered_name="predictions.parquet", limit=25)
+    assert sorted(result.answered["id"]) == first_25
 
 
 @pytest.mark.slow
-def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(tmp_path):
+def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(local_ray, tmp_path):
     """With should_continue_on_error, a dead engine returns every later row as an engine error: each row
     is accounted for, and the old checks printed True. The checked cell's require() now fails."""
     import ray
 
     from helpers import report
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
-    try:
-        ds = ray.data.from_items([{"id": str(i), "text": "x", REJECT_REASON: ""} for i in range(64)],
-                                 override_num_blocks=8)
+    ds = ray.data.from_items([{"id": str(i), "text": "x", REJECT_REASON: ""} for i in range(64)],
+                             override_num_blocks=8)
 
-        class Engine:  # answers its first batch, then every request fails as vLLM's dead engine does
-            def __init__(self):
-                self.batches = 0
+    class Engine:  # answers its first batch, then every request fails as vLLM's dead engine does
+        def __init__(self):
+            self.batches = 0
 
-            def __call__(self, batch):
-                self.batches += 1
-                if self.batches > 1:
-                    batch[INFERENCE_ERROR] = ["EngineDeadError: EngineCore encountered an issue"] * len(batch["id"])
-                return batch
+        def __call__(self, batch):
+            self.batches += 1
+            if self.batches > 1:
+                batch[INFERENCE_ERROR] = ["EngineDeadError: EngineCore encountered an issue"] * len(batch["id"])
+            return batch
 
-        out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
-        session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                                   stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
-        result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
-                              id_column=None, answered_name="predictions.parquet", expected_rows=64)
-        summary = report.run_summary(result, prediction_column="label", labels=["A"])
-        assert (summary["classified"], summary["engine errors"], summary["all rows accounted for"]) == (8, 56, True)
-        with pytest.raises(report.RunCheckError, match="the model answered"):
-            report.require(summary)
-    finally:
-        ray.shutdown()
+    out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
+    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
+                          id_column=None, answered_name="predictions.parquet", expected_rows=64)
+    summary = report.run_summary(result, prediction_column="label", labels=["A"])
+    assert (summary["classified"], summary["engine errors"], summary["all rows accounted for"]) == (8, 56, True)
+    with pytest.raises(report.RunCheckError, match="the model answered"):
+        report.require(summary)

@@ -199,7 +199,7 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
     assert not (legacy / outputs.PARTS).exists() and len(list((legacy / outputs.EARLIER).glob("*/parts"))) == 1
 
 
-def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_counts_what_survived(tmp_path):
+def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_counts_what_survived(local_ray, tmp_path):
     """Killed between a part file and its checkpoint commit, a run leaves that part with a pending
     checkpoint; resuming, Ray deletes the part (its rows are not done) and the kit's count of the
     rows written before read the deleted file (FileNotFoundError at the end of the resumed run)."""
@@ -220,13 +220,9 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
     pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), checkpoint / "killed.pending.parquet")
     run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
     assert run.message.startswith("resuming")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
-        pq.write_table(pa.table({"id": [str(i) for i in range(20)]}), tmp_path / "source.parquet")
-        ds = ray.data.read_parquet(str(tmp_path / "source.parquet"))  # Ray's checkpoint filter follows a read
-        written = run.write(ds, "results", id_column="id", num_cpus=0.5)
-    finally:
-        ray.shutdown()
+    pq.write_table(pa.table({"id": [str(i) for i in range(20)]}), tmp_path / "source.parquet")
+    ds = ray.data.read_parquet(str(tmp_path / "source.parquet"))  # Ray's checkpoint filter follows a read
+    written = run.write(ds, "results", id_column="id", num_cpus=0.5)
     assert not (parts / "killed_000000_000000.parquet").exists()  # Ray's recovery removed it
     assert (written.rows_before, written.rows) == (10, 10)
     ids = pq.read_table(parts).column("id").to_pylist()
@@ -319,7 +315,7 @@ def test_fingerprint_is_order_independent():
     assert outputs.fingerprint({"a": 1}) != outputs.fingerprint({"a": 2})
 
 
-def test_checkpoint_filter_accepts_pandas_and_arrow_blocks():
+def test_checkpoint_filter_accepts_pandas_and_arrow_blocks(local_ray):
     import numpy as np
     import pyarrow as pa
     import ray
@@ -327,16 +323,12 @@ def test_checkpoint_filter_accepts_pandas_and_arrow_blocks():
 
     from helpers.checkpointing import AnyBlockCheckpointFilter
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
-    try:
-        ref = ray.put(np.array(["a", "c"], dtype=object))
-        f = AnyBlockCheckpointFilter(CheckpointConfig(id_column="k", checkpoint_path="/tmp/unused"), ref)
-        kept = f.filter_rows_for_block(pd.DataFrame({"k": ["a", "b", "c", "d"], "v": [1, 2, 3, 4]}))
-        assert kept.column("k").to_pylist() == ["b", "d"]
-        kept = f.filter_rows_for_block(pa.table({"k": ["a", "e"]}))
-        assert kept.column("k").to_pylist() == ["e"]
-    finally:
-        ray.shutdown()
+    ref = ray.put(np.array(["a", "c"], dtype=object))
+    f = AnyBlockCheckpointFilter(CheckpointConfig(id_column="k", checkpoint_path="/tmp/unused"), ref)
+    kept = f.filter_rows_for_block(pd.DataFrame({"k": ["a", "b", "c", "d"], "v": [1, 2, 3, 4]}))
+    assert kept.column("k").to_pylist() == ["b", "d"]
+    kept = f.filter_rows_for_block(pa.table({"k": ["a", "e"]}))
+    assert kept.column("k").to_pylist() == ["e"]
 
 
 def test_request_digest_changes_with_the_prompt_or_a_setting_and_ignores_engine_filled_fields():
