@@ -11,6 +11,8 @@
 #   bash benchmarks/on_gpu.sh text8b-kit1   # the same with 1 replica (REPLICAS_PER_GPU=1)
 #   bash benchmarks/on_gpu.sh text8b-kit-s1 # the same as text8b-kit with each light stage holding 1 CPU
 #   bash benchmarks/on_gpu.sh text8b-stage-cpus  # the kit alone at 100,000 prompts: CPU_STAGE_CPUS 0.1, 1, 0.1
+#                                           # (STAGE_RUNS="warm default one default2 one2": names starting
+#                                           # "one" hold 1 CPU, "warm" is LIMIT 2000, the rest the default)
 #   bash benchmarks/on_gpu.sh profile8b     # the text notebook's cells before the pipeline, timed and
 #                                           # profiled (benchmarks/profile_cells.py), 100,000 prompts, 8B shape
 #   bash benchmarks/on_gpu.sh vl3b-raw      # warm-up, then raw vLLM: 10,000 images, Qwen2.5-VL-3B shape
@@ -69,15 +71,15 @@ for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
     text8b-kit) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" ;;
     text8b-kit3) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 3 ;;
     text8b-kit-s1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p CPU_STAGE_CPUS 1 ;;
-    # The kit alone, 100,000 prompts: a 2,000-prompt warm-up, then CPU_STAGE_CPUS 0.1 (default), 1, 0.1 again;
-    # each run's cell times and summary in $out/$step.cells.txt.
+    # The kit alone, 100,000 prompts: a 2,000-prompt warm-up, then CPU_STAGE_CPUS 0.1 (default), 1, 0.1 again
+    # (or the runs STAGE_RUNS names); each run's cell times and summary in $out/$step.cells.txt.
     text8b-stage-cpus) python3 -c "
 import sys; sys.path.insert(0, 'benchmarks')
 from pathlib import Path
 import bench_pipeline as b
 print(b.text_input(100_000, Path('$work/stage')))"
-      for run in "warm LIMIT 2000" "default" "one CPU_STAGE_CPUS 1" "default2"; do
-        set -- $run; name=$1; shift; extra=(); [ $# -gt 0 ] && extra=(-p "$1" "$2")
+      for name in ${STAGE_RUNS:-warm default one default2}; do
+        case "$name" in warm) extra=(-p LIMIT 2000) ;; one*) extra=(-p CPU_STAGE_CPUS 1) ;; *) extra=() ;; esac
         echo "$name start $(date -u +%T)"
         python3 scripts/run_notebooks.py --only text_classification --out "$work/stage/$name" -p MODEL_SOURCE "$llama" \
           -p INPUT_PATH "$work/stage/companies.csv" -p RESUME False "${extra[@]}"
