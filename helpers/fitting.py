@@ -157,7 +157,8 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     ``gpu_memory_gib`` measured), tensor parallelism only when the model (``model_source`` in
     ``overrides``, else the preset's) does not fit one GPU, one replica per ``tp`` GPUs, and
     ``max_num_seqs`` that fits the KV cache. The preset's ``reasons`` say why, field by field.
-    ``tokenize_stage`` left at None is decided here: on for text on a GPU, off on a CPU and for images.
+    ``tokenize_stage`` left at None is decided here: on for text on a GPU, off on a CPU and for images;
+    ``stage_cpus`` left at None too (:func:`_stage_cpus_default`).
     """
     if task not in CPU_PRESET:
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
@@ -171,6 +172,8 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     if preset.task != task:
         raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
     preset = preset.override(**overrides) if overrides else preset
+    if preset.stage_cpus is None:
+        preset = preset.override(stage_cpus=_stage_cpus_default(preset)[0])
     return _resolve_dtype(_resolve_tokenize_stage(preset))
 
 
@@ -192,6 +195,17 @@ def _tokenize_stage_default(preset: Preset) -> tuple[bool, str]:
     return True, "a GPU: the engine actor's one thread only feeds the engine; a stage of its own tokenizes whole batches"
 
 
+def _stage_cpus_default(preset: Preset) -> tuple[float, str]:
+    """Ray CPUs each light stage holds when the preset leaves it to the kit, and why (shown in the
+    settings table). Measured on an H100 (benchmarks/RESULTS.md): at 0.1 CPU a 16-core node ran up to
+    160 light tasks at once, each in a worker process Ray had to start, and the read cell took twice
+    as long."""
+    if preset.accelerator_type is None:
+        return 0.1, "a CPU: the light stages share the cores the engine leaves"
+    return 1.0, ("a GPU: one light task per core, so Ray starts fewer worker processes "
+                 "(the read cell took half as long on an H100)")
+
+
 def _resolve_tokenize_stage(preset: Preset) -> Preset:
     """``tokenize_stage`` decided: ``None`` becomes :func:`_tokenize_stage_default`'s choice; on for
     images is an error (vLLM must place the image tokens itself)."""
@@ -208,6 +222,7 @@ PARAMETER_FIELDS: dict[str, str] = {
     "REPLICAS_PER_GPU": "replicas_per_gpu",
     "BATCH_SIZE": "batch_size", "MAX_CONCURRENT_BATCHES": "max_concurrent_batches", "MAX_MODEL_LEN": "max_model_len",
     "NUM_BLOCKS": "num_blocks", "ENFORCE_EAGER": "enforce_eager", "TOKENIZE_STAGE": "tokenize_stage",
+    "CPU_STAGE_CPUS": "stage_cpus",
 }
 
 
@@ -256,7 +271,7 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
     from helpers.engine import describe_pool
 
     why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
-           "tokenize_stage": _tokenize_stage_default(preset)[1],
+           "tokenize_stage": _tokenize_stage_default(preset)[1], "stage_cpus": _stage_cpus_default(preset)[1],
            **dict(preset.reasons)}
     pool = describe_pool(preset.concurrency)
     why["concurrency"] = f"{why['concurrency']}; {pool}" if why.get("concurrency") else pool

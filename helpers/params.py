@@ -71,8 +71,10 @@ def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
         problems.append(f"OUTPUT_DIR must be a folder path, got {p['OUTPUT_DIR']!r}")
     if not (isinstance(p["TEMPERATURE"], (int, float)) and 0 <= p["TEMPERATURE"] <= 2):
         problems.append(f"TEMPERATURE must be between 0 and 2, got {p['TEMPERATURE']!r}")
-    if not (isinstance(p["CPU_STAGE_CPUS"], (int, float)) and 0 < p["CPU_STAGE_CPUS"] <= 8):
-        problems.append(f"CPU_STAGE_CPUS must be in (0, 8], got {p['CPU_STAGE_CPUS']!r}")
+    stage_cpus = p["CPU_STAGE_CPUS"]
+    if stage_cpus is not None and not (isinstance(stage_cpus, (int, float)) and not isinstance(stage_cpus, bool)
+                                       and 0 < stage_cpus <= 8):
+        problems.append(f"CPU_STAGE_CPUS must be None or in (0, 8], got {stage_cpus!r}")
     if not (_is_int(p["STARTUP_TIMEOUT_S"]) and p["STARTUP_TIMEOUT_S"] >= 10):
         problems.append(f"STARTUP_TIMEOUT_S must be a whole number of seconds >= 10, got {p['STARTUP_TIMEOUT_S']!r}")
     if p["KV_CACHE_GIB"] is not None and not (isinstance(p["KV_CACHE_GIB"], (int, float)) and p["KV_CACHE_GIB"] > 0):

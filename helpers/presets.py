@@ -44,6 +44,10 @@ class Preset:
     #: Tokenize prompts in a CPU stage of their own (Ray's tokenize stage), off the engine actor's
     #: thread; None until :func:`select` resolves it: on for text on a GPU, off on a CPU and for images.
     tokenize_stage: bool | None = None
+    #: Ray CPUs each light stage holds (read, prompts, write); None until :func:`select` resolves it:
+    #: 1 on a GPU (fewer light tasks at once, so fewer worker processes to start), 0.1 on a CPU (the
+    #: stages must fit beside the engine on a few cores).
+    stage_cpus: float | None = None
     #: The engine's weight and activation type; None: vLLM's "auto" (the checkpoint's, bfloat16 here)
     #: on GPUs, and on a CPU what that CPU computes fastest (:func:`cpu_dtype`), decided in :func:`select`.
     dtype: str | None = None

@@ -82,8 +82,8 @@ def local_ray():
     Each run builds its own dataset and stages; Ray Data ends a run's actors with the run."""
     import ray
 
-    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False)
-    yield
+    ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, address="local")
+    yield ray
     ray.shutdown()
 
 

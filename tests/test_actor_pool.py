@@ -35,15 +35,6 @@ def _gpu_configs(task: str):
         yield label, fitting.select("auto", task, cluster=cluster)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=1, include_dashboard=False, configure_logging=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _engine_pool(repo, task: str, run_config, tmp_path):
     """Execute the notebook's processor cell for ``run_config``; the engine stage's actor pool."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
@@ -53,13 +44,15 @@ def _engine_pool(repo, task: str, run_config, tmp_path):
     namespace = {
         "vLLMEngineProcessorConfig": vLLMEngineProcessorConfig, "build_processor": build_processor,
         "pipeline": pipeline, "run_config": run_config, "session": session, "model_path": str(tmp_path),
-        "TRUST_REMOTE_CODE": False, "CPU_STAGE_CPUS": 0.1, "keep_columns": [], "carry": (),
+        "TRUST_REMOTE_CODE": False, "keep_columns": [], "carry": (),
         "preprocess": lambda row: {"messages": [], "sampling_params": {}}, "postprocess": lambda row: {},
         "example": {},
     }
     exec(compile(_processor_cell(repo, NOTEBOOKS[task]), f"{NOTEBOOKS[task]}: processor cell", "exec"), namespace)
-    stage = namespace["processor"].get_stage_by_name("vLLMEngineStage")
-    return stage.map_batches_kwargs["compute"]
+    processor = namespace["processor"]
+    # The light stages hold the CPUs the configuration resolved (1 on a GPU), as Ray gets them.
+    assert processor.get_stage_by_name("ChatTemplateStage").map_batches_kwargs["num_cpus"] == run_config.stage_cpus
+    return processor.get_stage_by_name("vLLMEngineStage").map_batches_kwargs["compute"]
 
 
 @pytest.mark.parametrize("task", ["text", "vision"])
@@ -69,6 +62,7 @@ def test_every_gpu_configuration_reaches_ray_as_a_fixed_pool(repo, task, local_r
         pool = _engine_pool(repo, task, run_config, tmp_path)
         replicas = engine.max_replicas(run_config.concurrency)
         assert (pool.min_size, pool.max_size) == (replicas, replicas), f"{label}: {pool}"
+        assert run_config.stage_cpus == 1.0, label  # light stages on a GPU: a CPU each
         seen.append(label)
     assert len(seen) >= 5
 

@@ -80,15 +80,6 @@ def test_id_report_names_the_problem_and_the_fix():
     assert "set ID_COLUMN=None" in message
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, address="local")
-    yield ray
-    ray.shutdown()
-
-
 def test_users_csvs_as_they_come(local_ray, tmp_path):
     """A header-only CSV stopped with a TypeError in require_columns (Ray's columns() is None); an
     id column of digits with text further down failed the run mid-way (types inferred per block);

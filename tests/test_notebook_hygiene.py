@@ -77,7 +77,7 @@ def test_processor_skips_engine_metrics_and_keeps_failed_rows(path):
     assert keywords["should_continue_on_error"] is True
     assert keywords["detokenize_stage"] is False
     if path.name.startswith("text"):
-        assert keywords["tokenize_stage"] == "{'enabled': run_config.tokenize_stage, 'num_cpus': CPU_STAGE_CPUS}"
+        assert keywords["tokenize_stage"] == "{'enabled': run_config.tokenize_stage, 'num_cpus': run_config.stage_cpus}"
     else:
         assert keywords["tokenize_stage"] is False
 

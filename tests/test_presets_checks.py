@@ -331,6 +331,25 @@ def test_settings_table_says_why():
     assert rows["max_num_batched_tokens"]["value"] == "16384" and "vllm.LLM" in rows["max_num_batched_tokens"]["why"]
 
 
+def test_light_stages_hold_a_cpu_each_on_a_gpu_and_a_tenth_on_a_cpu_unless_you_say():
+    """On an H100 a light stage at 0.1 CPU let a 16-core node run ~160 light tasks at once, each in a
+    worker process Ray started for it; at 1 CPU the read cell took half as long (benchmarks/RESULTS.md).
+    On a CPU the stages must fit beside the engine on a few cores."""
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
+    assert fitting.select("auto", "text", cluster=h100).stage_cpus == 1.0
+    assert fitting.select("auto", "vision", cluster=h100).stage_cpus == 1.0
+    assert fitting.select("text-llama8b-l4", "text").stage_cpus == 1.0
+    assert fitting.select("auto", "text").stage_cpus == 0.1  # no GPU: the CPU preset
+    assert fitting.select("vision-cpu-offline", "vision").stage_cpus == 0.1
+    base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto"}
+    rows = {r["parameter"]: r for r in fitting.describe(fitting.from_parameters("text", base, cluster=h100), base)}
+    assert rows["CPU_STAGE_CPUS"]["value"] == "1.0" and rows["CPU_STAGE_CPUS"]["why"].startswith("a GPU")
+    mine = {**base, "CPU_STAGE_CPUS": 0.25}
+    row = {r["parameter"]: r for r in fitting.describe(fitting.from_parameters("text", mine, cluster=h100), mine)}[
+        "CPU_STAGE_CPUS"]
+    assert (row["value"], row["from"]) == ("0.25", "your parameter")  # yours wins
+
+
 def test_text_on_a_gpu_tokenizes_in_a_stage_of_its_own_and_nothing_else_does():
     """On an H100 the engine actor's thread holds a fast model back, tokenizing 21% of it
     (benchmarks/RESULTS.md): text on a GPU tokenizes in Ray's stage; a CPU and images do not."""
