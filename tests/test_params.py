@@ -72,6 +72,7 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
     ("text_classification", "OUTPUT_DIR", "", "OUTPUT_DIR must be a folder path"),
     ("text_classification", "KV_CACHE_GIB", 0, "KV_CACHE_GIB must be a positive number"),
     ("text_classification", "CPU_STAGE_CPUS", 0, "CPU_STAGE_CPUS must be None or in (0, 8]"),
+    ("vlm_captioning", "CPU_STAGE_CPUS", True, "CPU_STAGE_CPUS must be None or in (0, 8]"),
     ("text_classification", "RESUME", "yes", "RESUME must be True or False"),
     ("text_classification", "STARTUP_TIMEOUT_S", 0, "STARTUP_TIMEOUT_S must be a whole number of seconds"),
     ("vlm_captioning", "INPUT_FORMAT", "zip", "INPUT_FORMAT must be auto, webdataset, parquet or images"),
