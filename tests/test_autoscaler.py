@@ -90,7 +90,7 @@ def autoscaling_cluster(v2: bool = False):
         ray_start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
                    "--autoscaling-config", str(Path(ray_tmpdir, "autoscaling.yaml")), "--temp-dir", temp_dir,
                    "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
-                  head_env, head_temp_dir=temp_dir)
+                  head_env, temp_dir)
         yield gcs, env
     finally:
         # The worker nodes' processes are the monitor's children and use the head's temp folder; the

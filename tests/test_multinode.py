@@ -28,7 +28,6 @@ import pytest
 from test_ray_job import free_port, ray_start, stop_processes
 
 
-
 def _unshare_works() -> str:
     if shutil.which("unshare") is None:
         return "unshare is not installed"
@@ -68,10 +67,10 @@ def two_nodes(tmp_path):
     try:
         ray_start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "3",
                    "--temp-dir", temp_dir, "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
-                  env, head_temp_dir=temp_dir)
+                  env, temp_dir)
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
         ray_start(["--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "3", "--disable-usage-stats",
-                   *_node_ports()], env, wrap=lambda cmd: [
+                   *_node_ports()], env, temp_dir, wrap=lambda cmd: [
             "unshare", "-m", "--propagation", "private", "sh", "-c",
             f"mount -t tmpfs kit-node-disk {shlex.quote(str(node_disk))} && "
             f"mount -t tmpfs kit-node-cache {shlex.quote(str(cache))} && exec {shlex.join(cmd)}"])

@@ -35,18 +35,22 @@ def ray_processes(temp_dir: str) -> set:
     return found
 
 
-def ray_start(args: list[str], env: dict, head_temp_dir: str | None = None, wrap=None, attempts: int = 3) -> None:
-    """``ray start <args>``, tried again when the node's start-up ran out of time.
+def ray_start(args: list[str], env: dict, cluster: str, wrap=None, attempts: int = 3) -> None:
+    """``ray start <args>`` for the cluster whose processes name ``cluster`` (its temp folder), tried
+    again when the node's start-up ran out of time.
 
     A node's raylet waits a fixed time (not configurable in Ray 2.60) for its dashboard agent, a
     Python process, to report its port; on a loaded 2-core machine (CI) the agent's imports can take
     longer, the raylet aborts ("Timed out waiting for file .../dashboard_agent_listen_port_...") and
     ``ray start`` fails with "timed out during startup". Nothing of that node joined the cluster, so
-    starting it again is safe. A head's failed attempt leaves its GCS holding the port: its processes
-    (named by ``head_temp_dir``) are stopped first. ``wrap(command)``: the command as run (in a
-    namespace of its own, say)."""
+    starting it again is safe once what the failed attempt left is stopped: a head's GCS holds the
+    port, a worker's log monitor names the cluster (and keeps its mount namespace). Those are the
+    cluster's processes that came during the attempt and do not descend from one that was there
+    before it (a head's raylet may start workers meanwhile). ``wrap(command)``: the command as run
+    (in a namespace of its own, say)."""
     command = [str(Path(sys.executable).parent / "ray"), "start", *args]
     for attempt in range(1, attempts + 1):
+        before = {p.pid for p in ray_processes(cluster)}
         started = subprocess.run(wrap(command) if wrap else command, env=env, capture_output=True, text=True,
                                  timeout=180)
         said = started.stdout[-2000:] + started.stderr[-2000:]
@@ -54,20 +58,29 @@ def ray_start(args: list[str], env: dict, head_temp_dir: str | None = None, wrap
             return
         assert "timed out during startup" in said and attempt < attempts, said
         print(f"ray start {' '.join(args[:1])}: Ray's start-up wait ran out (attempt {attempt}); starting it again")
-        if head_temp_dir:
-            stop_processes(head_temp_dir)
+        left = []
+        for p in ray_processes(cluster):
+            try:
+                if p.pid not in before and not any(parent.pid in before for parent in p.parents()):
+                    left.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        _kill(left)
 
 
 def stop_processes(*markers: str) -> None:
     """Kill every process whose command line names one of ``markers`` (a cluster's temp folder or
     address), with its children: a test's own cluster, never another Ray on the machine."""
-    family = set().union(*(ray_processes(m) for m in markers))
-    for p in family:
+    _kill(set().union(*(ray_processes(m) for m in markers)))
+
+
+def _kill(processes) -> None:
+    for p in processes:
         try:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(list(family), timeout=30)
+    psutil.wait_procs(list(processes), timeout=30)
 
 
 @dataclass(frozen=True)
@@ -86,11 +99,12 @@ def test_a_node_start_that_ran_out_of_time_is_tried_again_and_any_other_failure_
         return lambda cmd: ["sh", "-c", f'echo x >> {tries}; [ "$(wc -l < {tries})" -gt 1 ] || '
                                         f'{{ echo "{message}" >&2; exit 1; }}']
 
-    ray_start(["--address", "127.0.0.1:1"], dict(os.environ), wrap=flaky("The current node timed out during startup."))
+    ray_start(["--address", "127.0.0.1:1"], dict(os.environ), str(tmp_path),
+              wrap=flaky("The current node timed out during startup."))
     assert tries.read_text().count("x") == 2 and "starting it again" in capsys.readouterr().out
     tries.unlink()
     with pytest.raises(AssertionError, match="Address already in use"):
-        ray_start(["--address", "127.0.0.1:1"], dict(os.environ), wrap=flaky("Address already in use"))
+        ray_start(["--address", "127.0.0.1:1"], dict(os.environ), str(tmp_path), wrap=flaky("Address already in use"))
     assert tries.read_text().count("x") == 1  # not tried again
 
 
@@ -113,7 +127,7 @@ def local_cluster():
              "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())],
             # The cluster's environment is the kit's: job entrypoints run `python` from it.
             {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"},
-            head_temp_dir=temp_dir)
+            temp_dir)
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
         yield Cluster(f"http://127.0.0.1:{dashboard_port}", gcs, ray_tmpdir)
     finally:
