@@ -197,3 +197,42 @@ def test_cell_profiler_runs_each_notebooks_cells_up_to_the_pipeline_with_its_par
         assert parameters.index("\nLIMIT = 12") > parameters.index("LIMIT = None")  # set after, as papermill does
     with pytest.raises(ValueError):
         profiler.code_cells("text_classification", {"LIMIT": "print('not a literal')"})
+
+
+def _parameters_and_preprocess(name: str) -> str:
+    """``notebooks/<name>.ipynb``'s parameters cell, then the ``def preprocess`` of its prompt cell (the
+    function alone: the rest of that cell reads the run's sample)."""
+    import ast
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / f"{name}.ipynb").read_text())["cells"]
+    code = [("".join(c["source"]), c["metadata"].get("tags", [])) for c in cells if c["cell_type"] == "code"]
+    (parameters,) = [source for source, tags in code if "parameters" in tags]
+    (prompt_cell,) = [source for source, _ in code if "def preprocess(" in source]
+    (function,) = [node for node in ast.parse(prompt_cell).body if isinstance(node, ast.FunctionDef) and node.name == "preprocess"]
+    return parameters + "\n" + ast.get_source_segment(prompt_cell, function)
+
+
+def test_the_raw_side_sends_the_messages_the_notebooks_preprocess_sends():
+    """The raw vLLM side builds its prompts with ``classify.build_messages`` / ``caption.build_messages``;
+    each notebook's own ``preprocess`` (as committed, with its default parameters) must build the same
+    ones, or the benchmark compares two different workloads. (A full run also compares the requests'
+    token digests; this catches a drift without one.)"""
+    import numpy as np
+    from PIL import Image
+
+    from helpers import caption, classify
+
+    text: dict = {"MAX_TOKENS": 8}  # one namespace, as a kernel's (the plan cell sets MAX_TOKENS)
+    exec(_parameters_and_preprocess("text_classification"), text)
+    row = {text["TEXT_COLUMN"]: "Walmart"}
+    assert text["preprocess"](row)["messages"] == classify.build_messages(
+        "Walmart", text["LABELS"], text["TASK"], text["USER_TEMPLATE"])
+
+    vision: dict = {"np": np, "Image": Image}
+    exec(_parameters_and_preprocess("vlm_captioning"), vision)
+    sent = vision["preprocess"]({"image": np.zeros((28, 28, 3), dtype=np.uint8)})["messages"]
+    image = sent[1]["content"][1]["image_pil"]
+    assert isinstance(image, Image.Image) and image.size == (28, 28)
+    assert sent == caption.build_messages(vision["SYSTEM_PROMPT"], vision["PROMPT"], image)
