@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from helpers.image_data import (ANY_IMAGE, SAMPLE_ID, _content_ids, _frame, _from_webdataset, _path_reader,
-                                _relative_shard, _values, check_layout)
+from helpers.image_data import (ANY_IMAGE, SAMPLE_ID, check_layout, content_ids, image_rows, image_values,
+                                path_reader, relative_shard, webdataset_rows)
 
 
 def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | None = None, root: str = "",
@@ -43,17 +43,17 @@ def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | No
 
 
 def _from_hf_webdataset(batch: pd.DataFrame, image_column: str, root: str) -> pd.DataFrame:
-    ids = [f"{_relative_shard(str(url), root)}/{key}" for url, key in zip(batch["__url__"], batch["__key__"])]
-    return _from_webdataset(batch.assign(**{SAMPLE_ID: ids}), image_column)
+    ids = [f"{relative_shard(str(url), root)}/{key}" for url, key in zip(batch["__url__"], batch["__key__"])]
+    return webdataset_rows(batch.assign(**{SAMPLE_ID: ids}), image_column)
 
 
 def _from_hf_rows(batch: pd.DataFrame, image_column: str, id_column: str | None) -> pd.DataFrame:
     from pyarrow import fs as pafs
 
-    local = _path_reader("", pafs.LocalFileSystem())  # paths datasets records for local image files
-    pairs = _values(batch, image_column, [local] * len(batch))
-    ids = batch[id_column].astype(str).tolist() if id_column else _content_ids([data for data, _ in pairs])
-    out = _frame(ids, [f"row:{i}" for i in ids], pairs)
+    local = path_reader("", pafs.LocalFileSystem())  # paths datasets records for local image files
+    pairs = image_values(batch, image_column, [local] * len(batch))
+    ids = batch[id_column].astype(str).tolist() if id_column else content_ids([data for data, _ in pairs])
+    out = image_rows(ids, [f"row:{i}" for i in ids], pairs)
     if id_column:
         out[id_column] = batch[id_column].to_numpy()
     return out

@@ -73,7 +73,7 @@ def source_id_column(input_format: str, id_column: str | None) -> str | None:
     return {"webdataset": SAMPLE_ID, "images": "path", "parquet": id_column}[input_format]
 
 
-def _relative_shard(url: str, root: str) -> str:
+def relative_shard(url: str, root: str) -> str:
     """The shard's path under ``root`` (``INPUT_PATH``), or its file name when ``root`` is the shard."""
     def bare(path: str) -> str:
         return (path.split("://", 1)[1] if "://" in path else path).strip("/")
@@ -87,7 +87,7 @@ def _relative_shard(url: str, root: str) -> str:
 def _with_sample_id(sample: dict[str, Any], root: str) -> dict[str, Any]:
     """Webdataset decoder: keep every field's raw bytes (decoding happens in :func:`prepare_batch`,
     where failures are caught) and add :data:`SAMPLE_ID` (the shard's path under ``root`` and the key)."""
-    shard = _relative_shard(str(sample.get("__url__") or ""), root)
+    shard = relative_shard(str(sample.get("__url__") or ""), root)
     return {**sample, SAMPLE_ID: f"{shard}/{sample.get('__key__')}"}
 
 
@@ -118,7 +118,7 @@ def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, 
     if input_format == "webdataset":
         decoder = functools.partial(_with_sample_id, root=path)
         ds = ray.data.read_webdataset(path, decoder=decoder, include_paths=True, **common)
-        fn, kwargs = _from_webdataset, {"image_column": image_column}
+        fn, kwargs = webdataset_rows, {"image_column": image_column}
     elif input_format == "parquet":
         ds = ray.data.read_parquet(path, include_paths=True, **common)
         fn, kwargs = _from_parquet, {"image_column": image_column, "id_column": id_column, "root": path,
@@ -201,8 +201,8 @@ def image_value(value: Any, field: str, read_path: Callable[[str], tuple[bytes, 
     return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
 
 
-def _values(batch: pd.DataFrame, spec: str, readers: Sequence[Callable[[str], tuple[bytes, str]] | None] | None = None,
-            ) -> list[tuple[bytes, str]]:
+def image_values(batch: pd.DataFrame, spec: str, readers: Sequence[Callable[[str], tuple[bytes, str]] | None] | None = None,
+                 ) -> list[tuple[bytes, str]]:
     """:func:`image_value` for every row of ``batch``: its first field of ``spec`` that holds a value
     (a batch without any of them: all missing); ``readers``, one per row, read a struct's ``path``."""
     readers = readers if readers is not None else [None] * len(batch)
@@ -219,7 +219,7 @@ def _values(batch: pd.DataFrame, spec: str, readers: Sequence[Callable[[str], tu
     return out
 
 
-def _path_reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, str]]:
+def path_reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, str]]:
     """Reads an image file a parquet row names by ``path``: relative to that parquet file's folder,
     or absolute, on the parquet file's filesystem; a file that cannot be read is the row's reason."""
 
@@ -234,17 +234,19 @@ def _path_reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, 
     return read
 
 
-def _frame(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
+def image_rows(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
+    """The rows every reader gives: id, source, the image's bytes and its reject reason ("" if none)."""
     return pd.DataFrame({ROW_ID: ids, SOURCE: sources, IMAGE_BYTES: [b for b, _ in pairs],
                          REJECT_REASON: [r for _, r in pairs]})
 
 
-def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
+def webdataset_rows(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
+    """:func:`image_rows` of a batch of webdataset samples (a shard's ``__key__`` and the sample id)."""
     ids = batch[SAMPLE_ID].astype(str).tolist()
     keys = batch["__key__"].astype(str).tolist()
-    pairs = _values(batch, image_column)
+    pairs = image_values(batch, image_column)
     sources = [f"{i[: -len(k) - 1]}:{k}" for i, k in zip(ids, keys)]  # shard path:key
-    return _frame(ids, sources, pairs).assign(**{SAMPLE_ID: ids})
+    return image_rows(ids, sources, pairs).assign(**{SAMPLE_ID: ids})
 
 
 def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None, root: str = "",
@@ -252,19 +254,19 @@ def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None,
     from helpers import storage
 
     fs = storage.resolve(root, filesystem)[0] if root else None
-    pairs = _values(batch, image_column, [_path_reader(str(p), fs) for p in batch["path"]] if fs else None)
+    pairs = image_values(batch, image_column, [path_reader(str(p), fs) for p in batch["path"]] if fs else None)
     if id_column:
         ids = batch[id_column].astype(str).tolist()
     else:  # content hash: stable across runs whatever the order rows arrive in
-        ids = _content_ids([data for data, _ in pairs])
+        ids = content_ids([data for data, _ in pairs])
     sources = [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)]
-    out = _frame(ids, sources, pairs)
+    out = image_rows(ids, sources, pairs)
     if id_column:
         out[id_column] = batch[id_column].to_numpy()
     return out
 
 
-def _content_ids(raw: list[bytes]) -> list[str]:
+def content_ids(raw: list[bytes]) -> list[str]:
     """A hash of each row's bytes; a repeat of the same bytes in the batch gets ``-2``, ``-3``, ...
     so two rows never share an id (and never merge in the results)."""
     seen: dict[str, int] = {}
@@ -278,7 +280,7 @@ def _content_ids(raw: list[bytes]) -> list[str]:
 
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     paths = [str(p) for p in batch["path"]]
-    return _frame(paths, [Path(p).name for p in paths], _values(batch, "bytes")).assign(path=paths)
+    return image_rows(paths, [Path(p).name for p in paths], image_values(batch, "bytes")).assign(path=paths)
 
 
 def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = True,

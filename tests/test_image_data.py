@@ -79,10 +79,10 @@ def test_image_value_from_hf_struct_plain_bytes_missing_and_wrong_types():
 
 
 def test_content_ids_never_merge_rows_with_the_same_bytes():
-    assert image_data._content_ids([b"a", b"b", b"a", b"a"])[2:] != image_data._content_ids([b"a"]) * 2
-    ids = image_data._content_ids([b"a", b"b", b"a", b"a"])
+    assert image_data.content_ids([b"a", b"b", b"a", b"a"])[2:] != image_data.content_ids([b"a"]) * 2
+    ids = image_data.content_ids([b"a", b"b", b"a", b"a"])
     assert len(set(ids)) == 4 and ids[2] == ids[0] + "-2" and ids[3] == ids[0] + "-3"
-    assert image_data._content_ids([b"a"]) == ids[:1]  # the first of its bytes keeps the plain hash
+    assert image_data.content_ids([b"a"]) == ids[:1]  # the first of its bytes keeps the plain hash
 
 
 def test_prepare_batch_keeps_reasons_the_reader_gave():
@@ -107,19 +107,19 @@ def test_image_field_alternatives_in_webdatasets_notation():
     by_path = {"bytes": None, "path": "x.png"}  # datasets' local layout: the image is at the path
     assert image_data._first_value({"image": by_path, "png": b"p"}, "image;png") == (by_path, "image")
     batch = pd.DataFrame([{"jpg": b"j"}, {"png": b"p"}, {"json": b"{}"}, {"JPEG": b"J"}])
-    assert image_data._values(batch, image_data.ANY_IMAGE) == [
+    assert image_data.image_values(batch, image_data.ANY_IMAGE) == [
         (b"j", ""), (b"p", ""), (b"", f"no {image_data.ANY_IMAGE!r} value in this row"), (b"J", "")]
-    assert image_data._values(batch, "jpg")[1] == (b"", "no 'jpg' value in this row")
+    assert image_data.image_values(batch, "jpg")[1] == (b"", "no 'jpg' value in this row")
     with pytest.raises(ValueError, match="alternatives separated by ';'"):
         image_data.check_layout([{"txt": b"x"}], "jpg;png", "webdataset")
     image_data.check_layout([{"txt": b"x"}, {"Png": b"x"}], "jpg;png", "webdataset")
 
 
 def test_sample_ids_name_the_shards_path_under_the_input():
-    assert image_data._relative_shard("/data/wds/train/000000.tar", "/data/wds") == "train/000000.tar"
-    assert image_data._relative_shard("/data/wds/train/000000.tar", "/data/wds/") == "train/000000.tar"
-    assert image_data._relative_shard("bucket/blip3o/000001.tar", "s3://bucket/blip3o/") == "000001.tar"
-    assert image_data._relative_shard("/data/wds/a.tar", "/data/wds/a.tar") == "a.tar"  # one shard given
+    assert image_data.relative_shard("/data/wds/train/000000.tar", "/data/wds") == "train/000000.tar"
+    assert image_data.relative_shard("/data/wds/train/000000.tar", "/data/wds/") == "train/000000.tar"
+    assert image_data.relative_shard("bucket/blip3o/000001.tar", "s3://bucket/blip3o/") == "000001.tar"
+    assert image_data.relative_shard("/data/wds/a.tar", "/data/wds/a.tar") == "a.tar"  # one shard given
 
 
 @pytest.fixture(scope="module")
