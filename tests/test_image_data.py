@@ -239,11 +239,14 @@ def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_
 
 
 @pytest.mark.slow
-def test_a_datasets_dataset_gives_the_rows_that_reading_the_same_shards_gives(local_ray, tmp_path):
+def test_a_datasets_dataset_gives_the_rows_that_reading_the_same_shards_gives(local_ray, tmp_path, monkeypatch):
     """Ray's captioning tutorial loads its shards with ``datasets``; ``from_datasets`` turns such a
-    dataset into the same rows, ids and rejects as ``read_images`` on the files (broken images too:
-    ``datasets`` does not decode them, the kit does, later)."""
+    dataset, in memory or streaming, into the same rows, ids and rejects as ``read_images`` on the files
+    (broken images too: ``datasets`` does not decode them, the kit does, later). Without asking the Hub:
+    Ray's ``from_huggingface`` first calls ``load_dataset("webdataset")`` (a glob of the current folder,
+    200 s in the kit's) or the Hub's API (``ConnectionError`` offline) for the same dataset's files."""
     import datasets
+    import requests
 
     files = sample_images.sample_files()
     names = sorted(files)
@@ -251,13 +254,23 @@ def test_a_datasets_dataset_gives_the_rows_that_reading_the_same_shards_gives(lo
     for shard, chunk in enumerate((names[:12], names[12:])):  # keys repeat across shards, as in BLIP3o
         sample_images.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
                                     shards / f"shard-{shard:03d}.tar", caption="a caption")
-    loaded = datasets.load_dataset("webdataset", data_files={"train": sorted(map(str, shards.glob("*.tar")))},
-                                   split="train", cache_dir=str(tmp_path / "cache"))
+    data_files = {"train": sorted(map(str, shards.glob("*.tar")))}
+    loaded = datasets.load_dataset("webdataset", data_files=data_files, split="train", cache_dir=str(tmp_path / "cache"))
+    streamed = datasets.load_dataset("webdataset", data_files=data_files, split="train", streaming=True)
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("from_datasets asked the Hub or loaded a dataset by name")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    monkeypatch.setattr(requests, "get", no_hub)
     via_datasets = hf_images.from_datasets(loaded, root=str(shards)).take_all()
+    via_stream = hf_images.from_datasets(streamed, root=str(shards)).take_all()
     via_files = image_data.read_images(str(shards), "webdataset").take_all()
 
     def rows(found):
         return sorted((r[ROW_ID], r[image_data.SOURCE], r[REJECT_REASON], r[image_data.IMAGE_BYTES]) for r in found)
 
-    assert len(via_files) == 24 and rows(via_datasets) == rows(via_files)
+    assert len(via_files) == 24 and rows(via_datasets) == rows(via_files) == rows(via_stream)
     assert {r[image_data.SAMPLE_ID] for r in via_datasets} == {r[image_data.SAMPLE_ID] for r in via_files}
+    with pytest.raises(TypeError, match="one split"):
+        hf_images.from_datasets(datasets.DatasetDict({"train": loaded}))
