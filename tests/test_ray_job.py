@@ -49,9 +49,10 @@ def ray_start(args: list[str], env: dict, cluster: str, wrap=None, attempts: int
     before it (a head's raylet may start workers meanwhile). ``wrap(command)``: the command as run
     (in a namespace of its own, say)."""
     command = [str(Path(sys.executable).parent / "ray"), "start", *args]
-    if env.get("RAY_AUTH_MODE") == "token":  # `ray start` in token mode needs a token; only ray.init makes one
-        subprocess.run([command[0], "get-auth-token", "--generate"], env=env, capture_output=True, check=True,
-                       timeout=60)
+    # The token a machine has once Ray ran there (a local ray.init makes it): `ray start` turns token
+    # authentication on where one exists, and needs one in token mode. Made here, so that a cluster test
+    # run first, or alone, on a fresh machine starts the cluster the suite's other orders start.
+    subprocess.run([command[0], "get-auth-token", "--generate"], env=env, capture_output=True, check=True, timeout=60)
     for attempt in range(1, attempts + 1):
         before = {p.pid for p in ray_processes(cluster)}
         started = subprocess.run(wrap(command) if wrap else command, env=env, capture_output=True, text=True,
