@@ -12,7 +12,7 @@ import pandas as pd
 import papermill
 import pytest
 
-from conftest import load_script
+from conftest import BUCKET, load_script
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +21,18 @@ def runner():
 
 
 @pytest.mark.slow
-def test_text_notebook_stops_before_the_pipeline_on_repeated_or_missing_ids_and_on_an_empty_csv(runner, tmp_path):
+def test_text_notebook_stops_before_the_pipeline_on_repeated_or_missing_ids_and_on_an_empty_csv(runner, tmp_path,
+                                                                                               s3):
     """Repeated and empty ids were classified, then reported as lost rows (and resuming by them would
-    skip a finished row's twin); a header-only CSV stopped with a TypeError."""
+    skip a finished row's twin); a header-only CSV stopped with a TypeError. The first CSV is read
+    from a bucket (moto's S3 server), as a job on a cluster reads its input: the id check reads it
+    all there, through the same filesystem as the pipeline's read."""
     ids = tmp_path / "ids.csv"
     pd.DataFrame({"Customer Id": ["c1", "c2", "c1", "", "c4"],
                   "Company": ["Walmart", "Pfizer", "Shell", "Apple", "Zillow"]}).to_csv(ids, index=False)
+    s3.upload_file(str(ids), BUCKET, "ids/part-0.csv")
     with pytest.raises(papermill.PapermillExecutionError) as err:
-        runner.run("text_classification", tmp_path / "ids", {"INPUT_PATH": str(ids), "LABEL_COLUMN": None})
+        runner.run("text_classification", tmp_path / "ids", {"INPUT_PATH": f"s3://{BUCKET}/ids/", "LABEL_COLUMN": None})
     assert err.value.ename == "IdColumnError"
     assert "1 of 5 rows have no 'Customer Id' value" in err.value.evalue and "'c1' (2 rows)" in err.value.evalue
     assert not (tmp_path / "ids" / "text_classification" / "parts").exists()  # stopped before the pipeline

@@ -23,7 +23,6 @@ import pytest
 
 from conftest import BUCKET, REPO, load_script, tar_bytes
 from helpers import outputs, report
-from test_multinode import _unshare_works
 
 
 def start(notebook: str, root: Path, params: dict) -> subprocess.Popen:
@@ -56,14 +55,15 @@ def kill_when_checkpointed(proc: subprocess.Popen, checkpoint, timeout: float = 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _unshare_works(), reason="the two-node test runs this case on a cluster (input and "
-                    "results in a bucket, LIMIT, a kill, a changed setting refused, the resume)")
+@pytest.mark.extended  # about 4 min in CI's time: `make test-extended`
 def test_text_run_on_a_csv_in_s3_with_a_limit_resumes_after_kill_with_exact_once_rows(s3, tmp_path):
     """With LIMIT (as job.yaml runs: LIMIT 10000, max_retries 2), a retry started from zero: resuming
     was off whenever LIMIT was set. Now the re-run takes the rest of the limit, each row once.
 
-    Where ``unshare`` works, test_multinode's two-node test runs this same case against a bucket
-    (and more); this one runs where that test is skipped, so the case is always covered."""
+    In the extended set, with test_multinode's two-node test (the same case on a cluster whose
+    worker node dies part-way). Every `make test` covers its parts elsewhere: a kill and resume
+    (captioning, below), a text run interrupted and resumed with LIMIT (the live kernel), input
+    from a bucket (the id check's run), a changed setting refused (test_bucket_output)."""
     # Small blocks and batches make the first run write often, so it can be killed part-way; the
     # re-run may use faster settings (resuming needs the same *results* settings, not the same layout).
     s3.upload_file(str(REPO / "helpers" / "sample_data" / "customers.csv"), BUCKET, "customers/part-0.csv")
