@@ -38,13 +38,18 @@ PROJECT_SUITES = "tests/test_templates.py::test_a_project_passes_its_whole_suite
 RUN_IN_PROJECTS = pytest.StashKey[tuple]()  # (how many items, which use cases)
 
 
+def project_suites_in(items) -> set[str]:
+    """The use cases whose generated project's suite runs among ``items`` (a session's chosen tests)."""
+    return {item.callspec.params["use_case"] for item in items
+            if item.nodeid.startswith(PROJECT_SUITES) and hasattr(item, "callspec")}
+
+
 @pytest.hookimpl(trylast=True)  # after -m and -k chose what runs
 def pytest_collection_modifyitems(config, items):
     """Run each test once: where this session runs a generated project's suite, the kit's files that
     the project runs as they are (its notebook under nbval, the kit's unit tests it carries, each
     byte for byte against the same helpers) run there, not here as well."""
-    use_cases = {item.callspec.params["use_case"] for item in items
-                 if item.nodeid.startswith(PROJECT_SUITES) and hasattr(item, "callspec")}
+    use_cases = project_suites_in(items)
     if not use_cases:
         return
     new_project = load_script("new_project")

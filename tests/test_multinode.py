@@ -198,7 +198,7 @@ def runs_the_engine(processes: list) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # about 6 min in CI's time, 20 on a slower 2-core machine: `make test-extended`
+@pytest.mark.extended  # 6 to 21 min on a 2-core machine, and can fail there (docs/tests.md): `make test-extended`
 def test_on_two_nodes_a_bucket_loses_and_duplicates_nothing_across_kills(s3, two_nodes, tmp_path):
     """On a real two-node cluster whose worker has a cache of its own, the text notebook with its
     input (a folder of CSV files) and OUTPUT_DIR in a bucket (moto's S3 server, reached from both

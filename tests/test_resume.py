@@ -55,7 +55,7 @@ def kill_when_checkpointed(proc: subprocess.Popen, checkpoint, timeout: float = 
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # about 4 min in CI's time: `make test-extended`
+@pytest.mark.extended  # 4 to 9 min on a 2-core machine: `make test-extended`
 def test_text_run_on_a_csv_in_s3_with_a_limit_resumes_after_kill_with_exact_once_rows(s3, tmp_path):
     """With LIMIT (as job.yaml runs: LIMIT 10000, max_retries 2), a retry started from zero: resuming
     was off whenever LIMIT was set. Now the re-run takes the rest of the limit, each row once.

@@ -10,7 +10,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, load_script
+from conftest import REPO, load_script, project_suites_in
 
 
 @pytest.fixture(scope="module")
@@ -126,17 +126,12 @@ def test_a_project_passes_its_whole_suite_exactly_as_generated(new_project, tmp_
     set (the model shapes in vLLM) is left out there as in the kit. The kit's own copies of those tests
     and the notebook's nbval run here instead of in the kit (tests/conftest.py). A test file both
     projects carry runs in the text project alone when both run in this session (about 4 minutes less
-    on a slow 2-core machine); the captioning project still collects it, so its imports resolve there.
+    on a slow 2-core machine); the captioning project still collects it (``--deselect`` comes after
+    collection), so an import that fails there fails this test.
     (An earlier version of this test first rewrote the parameters cell, which hid a project test that
     failed on the notebook as shipped.)"""
     project = new_project.create(use_case, tmp_path / "proj", "acme-batch")
-    selected = {item.callspec.params["use_case"] for item in request.session.items
-                if item.nodeid.startswith(request.node.nodeid.split("[")[0]) and hasattr(item, "callspec")}
-    shared = shared_with_an_earlier_project(new_project, use_case, selected)
-    if shared:
-        collected = run_project_tests(project, "--collect-only", *(f"tests/{name}" for name in sorted(shared)),
-                                      timeout=600)
-        assert collected.returncode == 0, collected.stdout[-4000:] + collected.stderr[-2000:]
+    shared = shared_with_an_earlier_project(new_project, use_case, project_suites_in(request.session.items))
     result = run_project_tests(project, *(f"--deselect=tests/{name}" for name in sorted(shared)))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     summary_line = result.stdout.strip().splitlines()[-1]
