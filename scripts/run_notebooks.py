@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -47,12 +48,27 @@ def defaults(name: str) -> dict[str, object]:
 def kernel_manager_class():
     """Jupyter's kernel manager with the kernel on local sockets (IPC) instead of TCP ports: nothing
     is reachable from the network, and the kernel does not warn, on every run, that its TCP traffic
-    is unencrypted."""
+    is unencrypted. The sockets live in a private temporary folder: Jupyter's default puts them in the
+    kernel's working directory (your project), where a run that is killed leaves them behind."""
+    import tempfile
+
     from jupyter_client.manager import AsyncKernelManager
-    from traitlets import CaselessStrEnum
+    from traitlets import CaselessStrEnum, default
 
     class LocalSocketKernelManager(AsyncKernelManager):
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            if self.transport != "ipc":
+                return super()._ip_default()
+            return str(Path(tempfile.mkdtemp(prefix="kit-kernel-")) / "kernel-ipc")
+
+        def cleanup_ipc_files(self) -> None:
+            super().cleanup_ipc_files()
+            if self.transport == "ipc" and Path(self.ip).parent.name.startswith("kit-kernel-"):
+                with contextlib.suppress(OSError):  # not empty: something else put a file there
+                    Path(self.ip).parent.rmdir()
 
     return LocalSocketKernelManager
 

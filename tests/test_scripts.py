@@ -165,11 +165,15 @@ def test_a_stalled_cell_fails_the_run_within_the_cell_timeout(tmp_path, monkeypa
 
 def test_the_runner_keeps_the_kernel_off_the_network_and_the_log_quiet(tmp_path, capfd):
     """Kernels run on local sockets: no TCP port, and no 'running over TCP without encryption'
-    warning in every job's log."""
+    warning in every job's log. The sockets are not in the folder the notebook runs in (a killed run
+    would leave them in the user's project)."""
     runner = load_script("run_notebooks")
-    source = parameterised_notebook(tmp_path / "n.ipynb", "X = 1", "import json, ipykernel.connect\n"
-                                    "print(json.loads(ipykernel.connect.get_connection_info())['transport'], X)")
-    runner.execute(source, tmp_path / "out.ipynb", {"X": 2}, cwd=tmp_path)
+    source = parameterised_notebook(tmp_path / "n.ipynb", "X = 1", "import json, os, ipykernel.connect\n"
+                                    "info = json.loads(ipykernel.connect.get_connection_info())\n"
+                                    "print(info['transport'], X, os.listdir('.'), os.path.isabs(info['ip']))")
+    (tmp_path / "run").mkdir()
+    runner.execute(source, tmp_path / "out.ipynb", {"X": 2}, cwd=tmp_path / "run")
     out = nbformat.read(tmp_path / "out.ipynb", as_version=4)
-    assert out.cells[-1].outputs[0].text == "ipc 2\n"
+    assert out.cells[-1].outputs[0].text == "ipc 2 [] True\n"
+    assert not list((tmp_path / "run").iterdir())
     assert "without encryption" not in capfd.readouterr().err
