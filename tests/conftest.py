@@ -160,19 +160,43 @@ def http_folder(tmp_path):
 HUB_TOKEN = "hf_kit_private_token_0123"
 
 
+def blip_shards() -> dict[str, dict[str, str]]:
+    """The stand-in Hub's BLIP3o-style shards (``hub``): shard -> {key: the sample file it holds}. Each
+    shard holds the kit's whole corpus of awkward and broken images under keys from 000000, as each
+    shard of BLIP3o numbers its own samples; the second also a sample whose image is missing."""
+    from helpers import sample_images
+
+    names = sorted(sample_images.sample_files())
+    shards = {f"shard-{n:03d}.tar": {f"{i:06d}": name for i, name in enumerate(names)} for n in range(2)}
+    shards["shard-001.tar"][f"{len(names):06d}"] = "no image field"
+    return shards
+
+
+def blip_shard_bytes() -> dict[str, bytes]:
+    """:func:`blip_shards` as tar files (name -> bytes): ``<key>.jpg`` and a ``<key>.txt`` caption each."""
+    from helpers import sample_images
+
+    files = sample_images.sample_files()
+    shards = {}
+    for shard, samples in blip_shards().items():
+        members = {}
+        for key, name in samples.items():
+            members.update({f"{key}.jpg": files[name]} if name in files else {})
+            members[f"{key}.txt"] = b"a caption" if name in files else b"a caption whose image is missing"
+        shards[shard] = tar_bytes(members)
+    return shards
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    """The stand-in Hub with a BLIP3o-style repository (two webdataset shards whose keys repeat, as
-    each shard numbers its own samples; broken images among them) and a private one with a CSV."""
-    from helpers import sample_images
+    """The stand-in Hub with a BLIP3o-style repository (:func:`blip_shards` in ``data/``) and a
+    private one with a CSV."""
     from hub_server import HubServer, Repo
 
     root = tmp_path_factory.mktemp("hub")
-    files = sample_images.sample_files()
-    names = sorted(files)
-    for shard, chunk in enumerate((names[:12], names[12:])):
-        sample_images.write_webdataset({f"{i:06d}": files[n] for i, n in enumerate(chunk)},
-                                    root / "blip" / "data" / f"shard-{shard:03d}.tar", caption="a caption")
+    (root / "blip" / "data").mkdir(parents=True)
+    for shard, data in blip_shard_bytes().items():
+        (root / "blip" / "data" / shard).write_bytes(data)
     (root / "csv").mkdir()
     shutil.copy(REPO / "helpers" / "sample_data" / "customers.csv", root / "csv" / "customers.csv")
     server = HubServer({"kit/blip3o-style": Repo({"main": root / "blip"}),

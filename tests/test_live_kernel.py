@@ -8,7 +8,8 @@ Text, on the sample in a private repository of the stand-in Hub (a token in the 
 run all; re-run the run cell after the summary (Ray is shut down); re-run "Start Ray" and the run cell
 (the dataset belongs to the old Ray); edit the parameters and re-run from there, interrupt the run cell
 after its first results, re-run it (resume), then the rest. Captioning: run all on parquet rows, then
-restart the kernel and run all on a folder of image files.
+restart the kernel and run all on webdataset shards on the stand-in Hub; restart the kernel while that
+run is part-way, and run all again (it resumes).
 """
 
 from __future__ import annotations
@@ -91,6 +92,16 @@ class Kernel:
         self.kc.get_shell_msg(timeout=60)
         return seen
 
+    def restart_when(self, index: int, when, timeout: float = 900) -> None:
+        """Execute cell ``index`` and, once ``when()`` holds, press "Restart kernel" while it runs: the
+        kernel and what it started are killed, not interrupted."""
+        self.kc.execute(self.source(index), allow_stdin=True)
+        deadline = time.monotonic() + timeout
+        while not when():
+            assert time.monotonic() < deadline, f"cell {index}: {when.__name__} did not hold within {timeout} s"
+            time.sleep(0.1)
+        self.restart()
+
     def run_all(self, start: int = 0, stop: int | None = None) -> dict[int, dict]:
         seen = {}
         for i in range(start, len(self.cells) if stop is None else stop):
@@ -126,7 +137,7 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
     server, url, root = hub
     out = tmp_path / "results"
     # Step 1 tokenizes in Ray's stage of its own (as on a GPU), the later steps inside vLLM (the CPU default).
-    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 130, "TOKENIZE_STAGE": True,
+    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 60, "TOKENIZE_STAGE": True,
                                             "INPUT_PATH": "hf://datasets/kit/customers/customers.csv"},
                     env=hub_env(url, HUB_TOKEN))
     try:
@@ -152,7 +163,7 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         # 4. Edit the parameters and run from there; interrupt the run cell after its first results.
         # Batches of 8, one at a time: results come in many small files, so the interrupt finds the run
         # part-way (the layout is not a results setting: the resume below keeps it anyway).
-        kernel.parameters.update(LIMIT=129, BATCH_SIZE=8, MAX_CONCURRENT_BATCHES=1, NUM_BLOCKS=16, TOKENIZE_STAGE=False)
+        kernel.parameters.update(LIMIT=59, BATCH_SIZE=8, MAX_CONCURRENT_BATCHES=1, NUM_BLOCKS=16, TOKENIZE_STAGE=False)
         kernel.run_all(kernel.index("INPUT_PATH = "), run_cell)
         parts = out / outputs.PARTS
 
@@ -172,14 +183,14 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         assert resumed["error"] is None and "resuming an interrupted run" in resumed["stdout"]
         kernel.run_all(run_cell + 1)
         rows = pd.concat([pd.read_parquet(out / outputs.PREDICTIONS), pd.read_parquet(out / outputs.ERRORS)])
-        assert len(rows) == 129 and rows["row_id"].is_unique
+        assert len(rows) == 59 and rows["row_id"].is_unique
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["rows read"] == 129 and summary["all rows accounted for"] and summary["accuracy"] is not None
+        assert summary["rows read"] == 59 and summary["all rows accounted for"] and summary["accuracy"] is not None
         # Ray's tokenize stage (step 1) and vLLM's own tokenizer (since step 4): the same requests, row by row.
         final = pd.read_parquet(out / outputs.PREDICTIONS).set_index("row_id")["request_digest"]
-        assert len(final) > 100 and final.equals(first.set_index("row_id")["request_digest"].loc[final.index])
-        # The file's first 129 rows, each as the file has it (read here with pandas); the token in no file.
-        local = pd.read_csv(root / "csv" / "customers.csv", dtype=str, keep_default_na=False).head(129)
+        assert len(final) > 40 and final.equals(first.set_index("row_id")["request_digest"].loc[final.index])
+        # The file's first 59 rows, each as the file has it (read here with pandas); the token in no file.
+        local = pd.read_csv(root / "csv" / "customers.csv", dtype=str, keep_default_na=False).head(59)
         assert rows.set_index("Customer Id")["Company"].fillna("").to_dict() == \
             local.set_index("Customer Id")["Company"].to_dict()
         assert not [p for p in out.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
@@ -188,13 +199,18 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         kernel.close()
 
 
-def test_captioning_notebook_on_parquet_then_restarted_on_a_folder_of_files(tmp_path):
-    """Run all on Hugging Face parquet rows, then restart the kernel, point INPUT_PATH at a folder of
-    image files and run all again. Both inputs hold the kit's whole corpus of awkward and broken
-    files: the parquet rows also a null image and the same bytes twice (two rows, never merged); the
-    folder the names scraped data often has (a PNG called .jpg, no extension)."""
+def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and_resumed(hub, tmp_path):
+    """Run all on Hugging Face parquet rows (the kit's whole corpus of awkward and broken files, a
+    null image, the same bytes twice: two rows, never merged). Then restart the kernel, point
+    INPUT_PATH at BLIP3o-style shards on the stand-in Hub (``conftest.blip_shards``: keys restart in
+    every shard, so resuming must key on shard + key; a sample with no image), restart the kernel while
+    the run cell runs (after its first results), and run all again: it resumes, and every sample is
+    written once."""
     from helpers import image_data, sample_images
 
+    from conftest import blip_shards
+
+    server, url, _ = hub
     files = sample_images.sample_files()
     broken_files = {k for k in files if k.startswith("broken_")}
     rows = [{"key": k, "jpg": {"bytes": v, "path": f"{k}.jpg"}} for k, v in files.items()]
@@ -202,15 +218,11 @@ def test_captioning_notebook_on_parquet_then_restarted_on_a_folder_of_files(tmp_
              {"key": "astronaut_again", "jpg": {"bytes": files["astronaut"], "path": "a.jpg"}}]
     (tmp_path / "pq").mkdir()
     pd.DataFrame(rows).to_parquet(tmp_path / "pq" / "train-0000.parquet")
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    for i, (name, data) in enumerate(files.items()):
-        (folder / (name if i % 5 == 0 else f"{name}.jpg")).write_bytes(data)
 
     out = tmp_path / "results"
     kernel = Kernel("vlm_captioning", {"OUTPUT_DIR": str(out), "INPUT_PATH": str(tmp_path / "pq"), "ID_COLUMN": "key",
                                        "IMAGE_TOKENS": 16, "MAX_TOKENS": 8, "BATCH_SIZE": 4, "NUM_BLOCKS": 2,
-                                       "KEEP_ASPECT": False})
+                                       "KEEP_ASPECT": False}, env=hub_env(url))
     try:
         run_cell = kernel.index("pipeline.run(")
         seen = kernel.run_all()
@@ -235,19 +247,46 @@ def test_captioning_notebook_on_parquet_then_restarted_on_a_folder_of_files(tmp_
         assert errors.loc["null_image", "reason"] == f"no {image_data.ANY_IMAGE!r} value in this row"
         first = _files(out)
 
+        # Restart; the shards on the Hub, in batches of 2, one at a time: results come in many small
+        # files, so the restart below finds the run part-way.
         kernel.restart()
-        kernel.parameters = {"OUTPUT_DIR": str(out), "INPUT_PATH": str(folder), "IMAGE_TOKENS": 16, "MAX_TOKENS": 8,
-                             "BATCH_SIZE": 8}
-        kernel.run_all()
-        (earlier,) = (out / outputs.EARLIER).iterdir()
+        kernel.parameters = {"OUTPUT_DIR": str(out), "INPUT_PATH": "hf://datasets/kit/blip3o-style",
+                             "IMAGE_TOKENS": 16, "MAX_TOKENS": 8, "BATCH_SIZE": 2, "MAX_CONCURRENT_BATCHES": 1,
+                             "NUM_BLOCKS": 16}
+        kernel.run_all(0, run_cell)
+        checkpoint = out / outputs.CHECKPOINT / "results"
+
+        def first_results() -> bool:
+            return bool(outputs.committed_checkpoints(checkpoint))
+
+        # "Restart kernel" while the run cell runs: the kernel, its Ray and the engine die with what
+        # they were writing (Ray's processes share the kernel's fate). Then run all again: it resumes.
+        kernel.restart_when(run_cell, first_results)
+        (earlier,) = (out / outputs.EARLIER).iterdir()  # the parquet run, moved when this one started
         moved = {k: v for k, v in first.items() if k.startswith((outputs.PARTS, "captions", "errors", "summary"))}
         assert moved and all(_files(earlier).get(k) == v for k, v in moved.items())  # kept byte for byte
+        done_before = {i for f in outputs.committed_checkpoints(checkpoint) for i in f.read_parquet().iloc[:, 0]}
+        # Batches are not a results setting: the resumed run may take bigger ones.
+        kernel.parameters.update(BATCH_SIZE=16)
+        del kernel.parameters["MAX_CONCURRENT_BATCHES"]
+        seen = kernel.run_all()
+        assert "resuming an interrupted run" in seen[run_cell]["stdout"], seen[run_cell]
+        # Ids are the shard's path within INPUT_PATH plus the key: distinct although keys restart.
+        shards = {f"data/{shard}/{key}": name for shard, samples in blip_shards().items() for key, name in samples.items()}
+        rejected_ids = {i for i, name in shards.items() if name.startswith("broken_") or name == "no image field"}
+        assert 0 < len(done_before) < len(shards), done_before
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["images read"] == len(files) and summary["all images accounted for"]
-        errors = pd.read_parquet(out / "errors.parquet")
-        rejected = {s.removesuffix(".jpg"): r for s, r in zip(errors["source"], errors["reason"])}
-        assert set(rejected) == broken_files and all(rejected.values())
+        assert summary["images read"] == len(shards) and summary["all images accounted for"], summary
+        assert summary["rows written in this run"] == len(shards) - len(done_before)
         captions = pd.read_parquet(out / "captions.parquet")
-        assert len(captions) == len(files) - len(rejected) and captions["row_id"].is_unique
+        errors = pd.read_parquet(out / "errors.parquet")
+        ids = pd.concat([captions[image_data.SAMPLE_ID], errors[image_data.SAMPLE_ID]])
+        assert ids.is_unique and set(ids) == set(shards)  # every sample once, none merged across shards
+        assert set(errors[image_data.SAMPLE_ID]) == rejected_ids
+        rejected = {shards[i]: r for i, r in zip(errors[image_data.SAMPLE_ID], errors["reason"])}
+        assert rejected["no image field"] == f"no {image_data.ANY_IMAGE!r} value in this row"
+        assert rejected["broken_truncated_png"] == "truncated file" and all(rejected.values())  # each with a reason
+        assert "horse_corrupt_exif" in {shards[i] for i in captions[image_data.SAMPLE_ID]}
+        assert not server.unexpected and "resolve" in server.calls
     finally:
         kernel.close()

@@ -2,9 +2,10 @@
 
 moto's standalone server speaks the S3 protocol; the kit reaches it the way a MinIO or on-premises
 user reaches theirs: ``AWS_ENDPOINT_URL`` plus the usual credential variables (see
-``helpers.storage``). The notebooks' own runs on remote data are elsewhere: a CSV and webdataset
-shards in S3 (tests/test_resume.py), a CSV behind a presigned URL over HTTP
-(tests/test_notebook_runs.py), the Hub (tests/test_hub_data.py).
+``helpers.storage``). Webdataset shards in S3 are read here by Ray's workers. The notebooks' own
+runs on remote data are elsewhere: a CSV in S3 (the id check's run in tests/test_notebook_runs.py),
+a CSV behind a presigned URL over HTTP (tests/test_autoscaler.py, as a Ray job), a CSV and
+webdataset shards on the Hub (tests/test_live_kernel.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,37 @@ def test_remote_layouts_are_listed_not_guessed(s3):
     assert image_data.detect_format(f"s3://{BUCKET}/layouts/img/", fs) == "images"
     with pytest.raises(FileNotFoundError):
         image_data.detect_format(f"s3://{BUCKET}/layouts/nothing/", fs)
+
+
+@pytest.mark.slow
+def test_webdataset_shards_in_a_bucket_are_read_and_prepared_by_rays_workers(s3):
+    """BLIP3o's layout in a bucket (``conftest.blip_shards``: keys restart in every shard, broken images,
+    a sample with no image), read and prepared as the captioning notebook does, by Ray's workers with
+    the bucket's filesystem: each sample once, keyed on shard + key, each broken one with its reason.
+    (The notebook itself runs on the same shards from the Hub, in tests/test_live_kernel.py.)"""
+    import ray
+
+    from conftest import blip_shard_bytes, blip_shards
+    from helpers.inputs import resolve
+
+    for shard, data in blip_shard_bytes().items():
+        s3.put_object(Bucket=BUCKET, Key=f"blip3o/data/{shard}", Body=data)
+    problems: list[str] = []
+    path, fs = resolve(f"s3://{BUCKET}/blip3o/", problems)
+    assert not problems and image_data.detect_format(path, fs) == "webdataset"
+    ray.init(address="local", num_cpus=2, log_to_driver=False)
+    try:
+        ds = image_data.read_images(path, "webdataset", filesystem=fs, num_blocks=4)
+        ds = ds.map_batches(image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 64})
+        rows = ds.select_columns([image_data.SAMPLE_ID, image_data.REJECT_REASON]).take_all()
+    finally:
+        ray.shutdown()
+    shards = {f"data/{shard}/{key}": name for shard, samples in blip_shards().items() for key, name in samples.items()}
+    assert sorted(r[image_data.SAMPLE_ID] for r in rows) == sorted(shards)
+    rejected = {shards[r[image_data.SAMPLE_ID]]: r[image_data.REJECT_REASON] for r in rows if r[image_data.REJECT_REASON]}
+    assert set(rejected) == {n for n in shards.values() if n.startswith("broken_")} | {"no image field"}
+    assert rejected["no image field"] == f"no {image_data.ANY_IMAGE!r} value in this row"
+    assert rejected["broken_truncated_png"] == "truncated file"
 
 
 def test_a_csv_behind_a_url_has_its_encoding_and_columns_checked_before_anything_runs(http_folder, tmp_path):

@@ -21,7 +21,7 @@ import papermill
 import psutil
 import pytest
 
-from conftest import BUCKET, REPO, load_script, tar_bytes
+from conftest import BUCKET, REPO, load_script
 from helpers import outputs, report
 
 
@@ -61,9 +61,10 @@ def test_text_run_on_a_csv_in_s3_with_a_limit_resumes_after_kill_with_exact_once
     was off whenever LIMIT was set. Now the re-run takes the rest of the limit, each row once.
 
     In the extended set, with test_multinode's two-node test (the same case on a cluster whose
-    worker node dies part-way). Every `make test` covers its parts elsewhere: a kill and resume
-    (captioning, below), a text run interrupted and resumed with LIMIT (the live kernel), input
-    from a bucket (the id check's run), a changed setting refused (test_bucket_output)."""
+    worker node dies part-way). Every `make test` covers its parts elsewhere: a kernel killed part-way
+    and the run resumed (captioning, in the live kernel), a text run interrupted and resumed with
+    LIMIT (the live kernel), input from a bucket (the id check's run), a changed setting refused
+    (test_bucket_output)."""
     # Small blocks and batches make the first run write often, so it can be killed part-way; the
     # re-run may use faster settings (resuming needs the same *results* settings, not the same layout).
     s3.upload_file(str(REPO / "helpers" / "sample_data" / "customers.csv"), BUCKET, "customers/part-0.csv")
@@ -99,48 +100,3 @@ def test_text_run_on_a_csv_in_s3_with_a_limit_resumes_after_kill_with_exact_once
     assert ids.is_unique and len(ids) == limit
     assert done_before <= set(predictions["Customer Id"]) | set(errors["Customer Id"])
     assert not (out / "checkpoint" / "results").exists() or not any((out / "checkpoint" / "results").iterdir())
-
-
-@pytest.mark.slow
-def test_captioning_run_on_shards_in_s3_resumes_after_kill_with_exact_once_images(s3, tmp_path):
-    """BLIP3o's layout in a bucket: .tar shards of <key>.jpg + <key>.txt whose keys restart in every
-    shard (resuming must key on shard + key, or a re-run skips images of one shard because the other
-    finished them), the kit's corpus of awkward and broken files twice in each, and a sample with no
-    image."""
-    from helpers import image_data, sample_images
-
-    sample = list(sample_images.sample_files().items()) * 2
-    shards = {}  # sample id -> what it holds
-    for shard in ("shard-000000.tar", "shard-000001.tar"):
-        members = {}
-        for i, (name, data) in enumerate(sample):
-            members.update({f"{i:06d}.jpg": data, f"{i:06d}.txt": b"a caption"})
-            shards[f"{shard}/{i:06d}"] = name
-        if shard.endswith("1.tar"):
-            members[f"{len(sample):06d}.txt"] = b"a caption whose image is missing"
-            shards[f"{shard}/{len(sample):06d}"] = "no image field"
-        s3.put_object(Bucket=BUCKET, Key=f"blip3o-shards/{shard}", Body=tar_bytes(members))
-    rejected_ids = {sid for sid, name in shards.items() if name.startswith("broken_") or name == "no image field"}
-    params = {"INPUT_PATH": f"s3://{BUCKET}/blip3o-shards/", "IMAGE_TOKENS": 16, "MAX_TOKENS": 8}
-    out = tmp_path / "results" / "vlm_captioning"
-    proc = start("vlm_captioning", tmp_path / "results",
-                 {**params, "NUM_BLOCKS": 28, "BATCH_SIZE": 2, "MAX_CONCURRENT_BATCHES": 1})
-    kill_when_checkpointed(proc, out / "checkpoint" / "results")
-    done_before = committed_ids(out / "checkpoint" / "results")
-    assert 0 < len(done_before) < len(shards)
-
-    load_script("run_notebooks").run("vlm_captioning", tmp_path / "results", {**params, "BATCH_SIZE": 16})
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["run"].startswith("resuming an interrupted run")
-    assert summary["rows written in this run"] == len(shards) - len(done_before)
-    assert summary[report.ENTERED_NOW] == len(shards) - len(done_before)
-    assert summary["images read"] == len(shards) and summary["all images accounted for"]
-    captions = pd.read_parquet(out / "captions.parquet")
-    errors = pd.read_parquet(out / "errors.parquet")
-    ids = pd.concat([captions[image_data.SAMPLE_ID], errors[image_data.SAMPLE_ID]])
-    assert ids.is_unique and set(ids) == set(shards)  # every sample once, none merged across shards
-    assert set(errors[image_data.SAMPLE_ID]) == rejected_ids
-    rejected = {shards[i]: r for i, r in zip(errors[image_data.SAMPLE_ID], errors["reason"])}
-    assert rejected["no image field"] == f"no {image_data.ANY_IMAGE!r} value in this row"
-    assert rejected["broken_truncated_png"] == "truncated file" and all(rejected.values())  # each with a reason
-    assert "horse_corrupt_exif" in {shards[i] for i in captions[image_data.SAMPLE_ID]}
