@@ -1,4 +1,12 @@
-"""Open-source path: submit the text notebook as a Ray job to a real local cluster on 127.0.0.1."""
+"""Real Ray clusters on 127.0.0.1, started with ``ray start`` as a user starts one, and a plain head node.
+
+The helpers here start and stop the cluster tests' nodes (``ray_start``, ``stop_processes``; also
+tests/test_multinode.py and tests/test_autoscaler.py). On a plain head (``local_cluster``: Ray's
+monitor runs, with no autoscaling configuration) the notebook's ``start_ray`` joins the cluster
+``ray start`` left running, and a named GPU preset is refused at once. The text notebook as a Ray
+job, submitted with the README's ``ray job submit``, runs on a cluster that scales from zero:
+tests/test_autoscaler.py.
+"""
 
 import json
 import shutil
@@ -8,13 +16,10 @@ from dataclasses import dataclass
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
-
-from conftest import REPO
 
 
 def free_port() -> int:
@@ -139,53 +144,6 @@ def local_cluster():
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
-@pytest.mark.slow
-def test_text_notebook_as_a_ray_job(local_cluster, tmp_path):
-    """The README's `ray job submit` command, against a real head node, waited on to the end."""
-    local_cluster = local_cluster.dashboard
-    out = tmp_path / "job-results"
-    # LLM_KIT_HEARTBEAT_S: a headless run's progress lines every 5 s (every minute by default).
-    runtime_env = {"working_dir": str(REPO), "excludes": [".venv", "results", ".git", "notebooks/results"],
-                   "env_vars": {"HF_HUB_OFFLINE": "1", "LLM_KIT_HEARTBEAT_S": "5"}}
-    # Ray 2.60 clusters use token authentication; the client finds the head's token with this mode.
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    job_id = f"kit-test-{os.getpid()}"
-
-    def submit(job_id: str, *params: str) -> tuple[str, str]:
-        command = [ray_cli, "job", "submit", "--address", local_cluster, "--submission-id", job_id, "--no-wait",
-                   "--runtime-env-json", json.dumps(runtime_env), "--",
-                   "python", "scripts/run_notebooks.py", "--only", "text_classification", "--out", str(out), *params]
-        for _ in range(20):  # the head's job agent takes a few seconds to come up after `ray start`
-            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
-            if "No available agent" not in result.stdout + result.stderr:
-                break
-            time.sleep(3)
-        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-        logs = subprocess.run([ray_cli, "job", "logs", "--address", local_cluster, "--follow", job_id],
-                              env=env, capture_output=True, text=True, timeout=900)
-        status = subprocess.run([ray_cli, "job", "status", "--address", local_cluster, job_id],
-                                env=env, capture_output=True, text=True, timeout=60)
-        return status.stdout.lower(), logs.stdout
-
-    # "auto" on a cluster without GPUs (one scaling from zero looks the same) waits, then asks for a
-    # named preset instead of running on CPUs.
-    status, logs = submit(f"{job_id}-auto", "-p", "LIMIT", "24", "-p", "STARTUP_TIMEOUT_S", "10")
-    assert "failed" in status and "found no GPUs on the Ray cluster" in logs, status + logs[-3000:]
-    status, logs = submit(job_id, "-p", "LIMIT", "24", "-p", "NUM_BLOCKS", "2", "-p", "PRESET", "text-cpu-offline")
-    assert "succeeded" in status, status + logs[-3000:]
-    summary = json.loads((out / "text_classification" / "summary.json").read_text())
-    assert summary["rows read"] == 24 and summary["all rows accounted for"]
-    assert (out / "text_classification" / "text_classification.html").is_file()
-    assert (out / "text_classification" / "predictions.parquet").is_file()
-    # The job joined the cluster it runs on; its progress went to the job's log (the kernel's own
-    # stderr, which papermill's terminal shows), not into the report.
-    executed = (out / "text_classification" / "text_classification.ipynb").read_text()
-    assert "joined the Ray cluster at " in executed
-    assert "[llm-batch-kit] pipeline started: a progress line every 5 s here" in logs, logs[-3000:]
-    assert "rows written, " in logs and "[llm-batch-kit]" not in executed
-
-
 JOIN = """
 from helpers import cluster, fitting
 session = cluster.start_ray(fitting.select("text-cpu-offline", "text"), stage_cpus=0.1, stage_actors_per_replica=1,
@@ -200,7 +158,7 @@ def test_a_cluster_running_on_this_machine_is_joined_as_ray_init_joins_it(local_
     start_ray: ray.init() joins that cluster even without RAY_ADDRESS, and Ray refuses num_cpus when
     joining. Without RAY_ADDRESS and without RAY_AUTH_MODE (Ray 2.60's `ray start` turns token
     authentication on), the notebook's start_ray joins it and says so. (A whole run on a joined cluster:
-    the Ray job above, and the cluster tests.)"""
+    the Ray job in tests/test_autoscaler.py, and the two-node tests.)"""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env["RAY_TMPDIR"] = local_cluster.ray_tmpdir  # where ray.init() looks for the running cluster
     found = subprocess.run([sys.executable, "-c", "from helpers import cluster; print(cluster.cluster_address())"],
@@ -209,3 +167,37 @@ def test_a_cluster_running_on_this_machine_is_joined_as_ray_init_joins_it(local_
     joined = subprocess.run([sys.executable, "-c", JOIN], env=env, capture_output=True, text=True, timeout=300)
     assert joined.returncode == 0, joined.stdout[-2000:] + joined.stderr[-3000:]
     assert f"joined the Ray cluster at {local_cluster.gcs}: 3 CPUs" in joined.stdout, joined.stdout[-2000:]
+
+
+def start(env: dict, preset: str, timeout_s: int) -> tuple[dict, str]:
+    """``start_ray`` with ``preset`` in a driver of its own: ``{"cluster": ...}`` or ``{"refused": message}``,
+    and what it printed."""
+    result = subprocess.run([sys.executable, "-c", START, preset, str(timeout_s)], env=env, capture_output=True,
+                            text=True, timeout=timeout_s + 120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout + result.stderr
+
+
+START = """
+import json, sys
+from helpers import cluster, fitting
+try:
+    session = cluster.start_ray(fitting.select(sys.argv[1], "text"), stage_cpus=0.1, stage_actors_per_replica=1,
+                                kv_cache_gib=None, startup_timeout_s=int(sys.argv[2]))
+    print(json.dumps({"cluster": session.cluster}))
+except cluster.UnschedulableError as exc:
+    print(json.dumps({"refused": str(exc)}))
+"""
+
+
+@pytest.mark.slow
+def test_without_an_autoscaler_a_named_gpu_preset_is_refused_at_once(local_cluster):
+    """A plain ``ray start --head`` (Ray's monitor runs, with nothing it can add): no wait, the numbers.
+    (Clusters that do scale: tests/test_autoscaler.py.)"""
+    import time
+
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ADDRESS": local_cluster.gcs}
+    started = time.monotonic()
+    refused, said = start(env, "text-llama8b-l4", 600)
+    assert "need 4 GPUs, but the cluster has 0. The cluster has no autoscaler" in refused.get("refused", ""), refused
+    assert "Waiting" not in said and time.monotonic() - started < 120
