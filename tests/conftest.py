@@ -172,6 +172,12 @@ def blip_shards() -> dict[str, dict[str, str]]:
     return shards
 
 
+def blip_samples() -> dict[str, str]:
+    """:func:`blip_shards` by the id the kit gives each sample read from the repository's root
+    (``data/<shard>/<key>``: the shard's path within ``INPUT_PATH`` plus the key) -> the file it holds."""
+    return {f"data/{shard}/{key}": name for shard, samples in blip_shards().items() for key, name in samples.items()}
+
+
 def blip_shard_bytes() -> dict[str, bytes]:
     """:func:`blip_shards` as tar files (name -> bytes): ``<key>.jpg`` and a ``<key>.txt`` caption each."""
     from helpers import sample_images

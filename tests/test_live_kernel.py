@@ -208,7 +208,8 @@ def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and
     written once."""
     from helpers import image_data, sample_images
 
-    from conftest import blip_shards
+    from conftest import blip_samples
+    from test_resume import committed_ids
 
     server, url, _ = hub
     files = sample_images.sample_files()
@@ -265,14 +266,14 @@ def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and
         (earlier,) = (out / outputs.EARLIER).iterdir()  # the parquet run, moved when this one started
         moved = {k: v for k, v in first.items() if k.startswith((outputs.PARTS, "captions", "errors", "summary"))}
         assert moved and all(_files(earlier).get(k) == v for k, v in moved.items())  # kept byte for byte
-        done_before = {i for f in outputs.committed_checkpoints(checkpoint) for i in f.read_parquet().iloc[:, 0]}
+        done_before = committed_ids(checkpoint)
         # Batches are not a results setting: the resumed run may take bigger ones.
         kernel.parameters.update(BATCH_SIZE=16)
         del kernel.parameters["MAX_CONCURRENT_BATCHES"]
         seen = kernel.run_all()
         assert "resuming an interrupted run" in seen[run_cell]["stdout"], seen[run_cell]
         # Ids are the shard's path within INPUT_PATH plus the key: distinct although keys restart.
-        shards = {f"data/{shard}/{key}": name for shard, samples in blip_shards().items() for key, name in samples.items()}
+        shards = blip_samples()
         rejected_ids = {i for i, name in shards.items() if name.startswith("broken_") or name == "no image field"}
         assert 0 < len(done_before) < len(shards), done_before
         summary = json.loads((out / "summary.json").read_text())

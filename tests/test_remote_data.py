@@ -68,7 +68,7 @@ def test_webdataset_shards_in_a_bucket_are_read_and_prepared_by_rays_workers(s3)
     (The notebook itself runs on the same shards from the Hub, in tests/test_live_kernel.py.)"""
     import ray
 
-    from conftest import blip_shard_bytes, blip_shards
+    from conftest import blip_samples, blip_shard_bytes
     from helpers.inputs import resolve
 
     for shard, data in blip_shard_bytes().items():
@@ -83,7 +83,7 @@ def test_webdataset_shards_in_a_bucket_are_read_and_prepared_by_rays_workers(s3)
         rows = ds.select_columns([image_data.SAMPLE_ID, image_data.REJECT_REASON]).take_all()
     finally:
         ray.shutdown()
-    shards = {f"data/{shard}/{key}": name for shard, samples in blip_shards().items() for key, name in samples.items()}
+    shards = blip_samples()
     assert sorted(r[image_data.SAMPLE_ID] for r in rows) == sorted(shards)
     rejected = {shards[r[image_data.SAMPLE_ID]]: r[image_data.REJECT_REASON] for r in rows if r[image_data.REJECT_REASON]}
     assert set(rejected) == {n for n in shards.values() if n.startswith("broken_")} | {"no image field"}
