@@ -74,6 +74,19 @@ def quiet_ray_notices() -> None:
         llm.addHandler(logging.NullHandler())  # "ray.llm" has a handler: then it inherits ERROR from here
 
 
+def parquet_reads_without_footer_actors() -> None:
+    """Read parquet with Ray Data's first reader (``DataContext.use_datasource_v2 = False``, Ray's own
+    switch, also ``RAY_DATA_USE_DATASOURCE_V2=0``). Ray 2.60's default reader starts a pool of 32
+    footer-reading actors (``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``), each a worker process, for every
+    read, however few the files. Ray's checkpoint filter reads the finished rows that way when a run
+    resumes. The first 20 rows of a 26-row parquet file took 16-26 s each time on a 2-core machine,
+    0.3-2.7 s with the first reader (benchmarks/RESULTS.md). The setting holds for this process's reads
+    from now on."""
+    import ray
+
+    ray.data.DataContext.get_current().use_datasource_v2 = False
+
+
 def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False,
               progress: bool | None = None) -> dict[str, Any]:
     """Connect to Ray, or start a local Ray sized by ``budget``; return the cluster's resources.
@@ -98,6 +111,7 @@ def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
 
     import ray
 
+    parquet_reads_without_footer_actors()
     context = ray.data.DataContext.get_current()
     progress = verbose if progress is None else progress
     context.enable_progress_bars = progress

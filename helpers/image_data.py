@@ -63,8 +63,12 @@ def detect_format(path: str, fs=None) -> str:
     return "images"
 
 
+#: The column Ray's parquet reader adds with ``include_row_hash``: a hash of the file's path and the row's position.
+ROW_HASH = "row_hash"
+
 #: What each layout's images are told apart (and resumed) by, when ``ID_COLUMN`` does not apply.
-ID_OF = {"webdataset": "its shard and key", "images": "its file path", "parquet": "a hash of its bytes"}
+ID_OF = {"webdataset": "its shard and key", "images": "its file path",
+         "parquet": "its file and its row in that file"}
 
 
 def source_id_column(input_format: str, id_column: str | None) -> str | None:
@@ -120,7 +124,8 @@ def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, 
         ds = ray.data.read_webdataset(path, decoder=decoder, include_paths=True, **common)
         fn, kwargs = webdataset_rows, {"image_column": image_column}
     elif input_format == "parquet":
-        ds = ray.data.read_parquet(path, include_paths=True, **common)
+        # Without ID_COLUMN a row is its file and its position there: Ray's row_hash of the two.
+        ds = ray.data.read_parquet(path, include_paths=True, include_row_hash=not id_column, **common)
         fn, kwargs = _from_parquet, {"image_column": image_column, "id_column": id_column, "root": path,
                                      "filesystem": filesystem}
     else:
@@ -154,7 +159,8 @@ def check_layout(rows: list[dict[str, Any]], image_column: str, input_format: st
     any of its alternatives)."""
     if not rows or any(_present(_first_value(r, image_column)[0]) for r in rows):
         return
-    fields = sorted({k for r in rows for k, v in r.items() if _present(v) and not k.startswith("__")} - {"path", SAMPLE_ID})
+    fields = sorted({k for r in rows for k, v in r.items() if _present(v) and not k.startswith("__")}
+                    - {"path", SAMPLE_ID, ROW_HASH})
     what = "fields" if input_format == "webdataset" else "columns"
     raise ValueError(f"none of the first {len(rows)} {input_format} rows has a {image_column!r} value; "
                      f"{what} they have: {fields}. Set IMAGE_COLUMN to the one that holds the image bytes "
@@ -257,8 +263,8 @@ def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None,
     pairs = image_values(batch, image_column, [path_reader(str(p), fs) for p in batch["path"]] if fs else None)
     if id_column:
         ids = batch[id_column].astype(str).tolist()
-    else:  # content hash: stable across runs whatever the order rows arrive in
-        ids = content_ids([data for data, _ in pairs])
+    else:  # Ray's row_hash (the file's path and the row's position in it): one per row, the same every run
+        ids = [f"{int(h):016x}" for h in batch[ROW_HASH]]
     sources = [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)]
     out = image_rows(ids, sources, pairs)
     if id_column:

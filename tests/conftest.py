@@ -87,7 +87,10 @@ def local_ray():
     Each run builds its own dataset and stages; Ray Data ends a run's actors with the run."""
     import ray
 
+    from helpers import cluster
+
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, address="local")
+    cluster.parquet_reads_without_footer_actors()  # as the notebooks' start_ray sets it
     yield ray
     ray.shutdown()
 

@@ -126,7 +126,10 @@ def test_sample_ids_name_the_shards_path_under_the_input():
 def local_ray():
     import ray
 
+    from helpers import cluster
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    cluster.parquet_reads_without_footer_actors()  # as the notebooks' start_ray sets it
     yield
     ray.shutdown()
 
@@ -144,14 +147,27 @@ def test_readers_for_all_three_layouts(local_ray, tmp_path):
 
     for path, fmt, kwargs in [(str(shard), "webdataset", {}), (str(tmp_path / "pq"), "parquet", {"id_column": "key"}),
                               (str(tmp_path / "img"), "images", {})]:
-        rows = image_data.read_images(path, fmt, **kwargs).take_all()
+        ds = image_data.read_images(path, fmt, **kwargs)
+        rows = ds.take_all()
         assert len(rows) == 3, fmt
+        # Parquet through Ray Data's first reader: no ListFiles step, whose 32 footer actors took
+        # 16-26 s of a notebook's read cell on 2 cores (helpers.cluster.parquet_reads_without_footer_actors).
+        assert "ListFiles" not in logical_operators(ds), (fmt, logical_operators(ds))
         assert sorted(len(r[image_data.IMAGE_BYTES]) for r in rows) == sorted(len(b) for b in files.values()), fmt
         assert len({r[ROW_ID] for r in rows}) == 3, fmt
     with pytest.raises(ValueError, match="none of the first 3 parquet rows has a 'png' value; columns they have"):
         image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="png")
     with pytest.raises(ValueError, match="INPUT_FORMAT must be one of"):
         image_data.read_images(str(shard), "zip")
+
+
+def logical_operators(ds) -> list[str]:
+    """The names of the operators in a dataset's logical plan, from its last to its read."""
+    names, op = [], ds._logical_plan.dag
+    while op is not None:
+        names.append(type(op).__name__)
+        op = op.input_dependencies[0] if op.input_dependencies else None
+    return names
 
 
 def _write_tar(path, members: dict[str, bytes]):
@@ -208,7 +224,9 @@ def test_readers_keep_bad_rows_as_rejects_and_ids_unique(local_ray, tmp_path):
     pd.DataFrame({"jpg": ["https://example.com/a.jpg"]}).to_parquet(tmp_path / "pq" / "y.parquet")
     read = image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="jpg")
     rows = read.map_batches(image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
-    assert len(rows) == 4 and len({r[ROW_ID] for r in rows}) == 4
+    assert len(rows) == 4 and len({r[ROW_ID] for r in rows}) == 4  # each row its file and position, not its bytes
+    again = image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="jpg", num_blocks=3).take_all()
+    assert {r[ROW_ID] for r in again} == {r[ROW_ID] for r in rows}  # the same ids however the rows are split
     reasons = sorted(r[REJECT_REASON] for r in rows)
     # Ray unifies the two files' schemas (the strings may arrive as bytes): either way, a reason.
     assert reasons[:2] == ["", ""] and reasons[2:] in (["no 'jpg' value in this row", "not an image"],
@@ -230,8 +248,10 @@ def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_
                   {"bytes": None, "path": "images/missing.jpg"},
                   {"bytes": None, "path": None}],
         "path": [str(tmp_path / "train-00000.parquet")] * 5,
+        image_data.ROW_HASH: [11, 12, 13, 14, 15],  # as Ray's reader adds it without ID_COLUMN
     })
     out = image_data._from_parquet(batch, "image", None, root=str(tmp_path))
+    assert out[ROW_ID].tolist() == [f"{h:016x}" for h in (11, 12, 13, 14, 15)]
     assert out[image_data.IMAGE_BYTES].tolist()[:3] == [files["astronaut"], files["moon"], files["coins"]]
     assert out[REJECT_REASON].tolist()[:3] == ["", "", ""]
     assert out[REJECT_REASON][3] == "the image file 'images/missing.jpg' this row names could not be read (FileNotFoundError)"
