@@ -158,7 +158,8 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     ``overrides``, else the preset's) does not fit one GPU, one replica per ``tp`` GPUs, and
     ``max_num_seqs`` that fits the KV cache. The preset's ``reasons`` say why, field by field.
     ``tokenize_stage`` left at None is decided here: on for text on a GPU, off on a CPU and for images;
-    ``stage_cpus`` left at None too (:func:`_stage_cpus_default`).
+    ``stage_cpus`` left at None too (:func:`_stage_cpus_default`), and ``num_blocks`` raised so that
+    several replicas all get blocks (:func:`blocks_for_every_replica`).
     """
     if task not in CPU_PRESET:
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
@@ -172,6 +173,8 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     if preset.task != task:
         raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
     preset = preset.override(**overrides) if overrides else preset
+    if "num_blocks" not in overrides:  # a NUM_BLOCKS you give is kept
+        preset = blocks_for_every_replica(preset)
     if preset.stage_cpus is None:
         preset = preset.override(stage_cpus=_stage_cpus_default(preset)[0])
     return _resolve_dtype(_resolve_tokenize_stage(preset))
@@ -262,6 +265,27 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
                    "capture, so the engine runs eagerly")
             preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
     return preset
+
+
+def blocks_for_every_replica(preset: Preset) -> Preset:
+    """At least twice as many blocks as all engine replicas hold at once, when there are several.
+
+    Ray Data sends each replica up to ``2 x max_concurrent_batches`` blocks (Ray Data LLM's default
+    ``max_tasks_in_flight_per_actor``) as soon as it is ready. The light stages often finish before
+    the engines start, so the replica that starts first took every block there was, and Ray stopped
+    the others as idle once the input was all handed out ("consumed all inputs"): on an H100, two
+    engines for 10,000 images ran as one (64 blocks, 72 a replica; benchmarks/RESULTS.md). With twice
+    the blocks all replicas hold, the first takes a quarter of them, the rest wait for the others."""
+    from helpers.engine import max_replicas
+
+    replicas = max_replicas(preset.concurrency)
+    held = 2 * preset.max_concurrent_batches  # blocks Ray Data sends one replica at a time
+    wanted = 2 * replicas * held
+    if replicas < 2 or preset.num_blocks >= wanted:
+        return preset
+    why = (f"{wanted}: twice the blocks the {replicas} replicas hold at once ({held} each, 2 x max_concurrent_batches), "
+           "so the replica that starts first does not take them all")
+    return preset.override(num_blocks=wanted, reasons=(*preset.reasons, ("num_blocks", why)))
 
 
 def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -191,7 +191,8 @@ def test_suggest_max_model_len_uses_the_models_template(smollm2_path):
 
 def test_checks_take_an_autoscaling_concurrency_pair():
     # CONCURRENCY=[2, 5] (a documented form); papermill hands it over as a list, the preset keeps a tuple.
-    preset = fitting.from_parameters("text", {"PRESET": "text-cpu-offline", "CONCURRENCY": [2, 5]})
+    # NUM_BLOCKS given: the kit keeps yours, and the check judges it.
+    preset = fitting.from_parameters("text", {"PRESET": "text-cpu-offline", "CONCURRENCY": [2, 5], "NUM_BLOCKS": 8})
     assert preset.concurrency == (2, 5)
     messages = [f.message for f in checks.check_preset(preset, rows=1000)]
     assert any("num_blocks=8 < 2 x 5 replicas" in m for m in messages)  # judged at the pool's largest size
