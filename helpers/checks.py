@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from helpers.engine import max_replicas
+from helpers.engine import blocks_for_every_replica, max_replicas
 from helpers.gpus import GPUS
 from helpers.presets import Preset
 from helpers.shapes import BYTES_PER_WEIGHT, GIB, KNOWN_MODELS, ModelShape
@@ -71,15 +71,22 @@ def interconnect(preset: Preset) -> list[Finding]:
     return []
 
 
-def blocks(num_blocks: int, replicas: int, batch_size: int, rows: int | None = None) -> list[Finding]:
-    """Work for every replica. The run cuts rows into blocks of one batch before the engine
-    (:func:`helpers.pipeline.run`), so the read's ``num_blocks`` sets how many read tasks work in
-    parallel, and ``rows`` (the run's: ``LIMIT``, else the whole input) set how many batches there are."""
+def blocks(num_blocks: int, replicas: int, batch_size: int, rows: int | None = None,
+           max_concurrent_batches: int | None = None) -> list[Finding]:
+    """Work for every replica. The read's ``num_blocks`` sets how many read tasks work in parallel
+    and, since a read block's batches reach the engine as one task, how many tasks the replicas share
+    (:func:`helpers.engine.blocks_for_every_replica`, given ``max_concurrent_batches``); ``rows``
+    (the run's: ``LIMIT``, else the whole input) set how many batches there are."""
     findings = []
     if num_blocks < 2 * replicas:
         findings.append(Finding("warning", f"num_blocks={num_blocks} < 2 x {replicas} replicas: the input is read in "
                                            f"only {num_blocks} tasks, so the first batches come slowly; use "
                                            f"{2 * replicas}-{4 * replicas} or more"))
+    elif replicas > 1 and max_concurrent_batches:
+        wanted = blocks_for_every_replica(replicas, max_concurrent_batches)
+        if num_blocks < wanted:
+            findings.append(Finding("warning", f"num_blocks={num_blocks} < {wanted}: the replica ready first may take "
+                                               f"every block and Ray stops the others as idle; use {wanted} or more"))
     if rows is not None and replicas > 1 and math.ceil(rows / batch_size) < replicas:
         batches = math.ceil(rows / batch_size)
         findings.append(Finding("warning", f"{rows:,} rows make {batches} batch{'es' if batches > 1 else ''} of "
@@ -95,7 +102,8 @@ def check_preset(preset: Preset, shape: ModelShape | None = None, rows: int | No
     findings = batching(preset.batch_size, preset.max_concurrent_batches, preset.max_num_seqs)
     findings += memory(preset, shape) if shape else []
     findings += interconnect(preset)
-    findings += blocks(preset.num_blocks, max_replicas(preset.concurrency), preset.batch_size, rows)
+    findings += blocks(preset.num_blocks, max_replicas(preset.concurrency), preset.batch_size, rows,
+                       preset.max_concurrent_batches)
     return findings
 
 

@@ -139,6 +139,19 @@ def max_replicas(concurrency: int | list[int] | tuple[int, int]) -> int:
     return int(concurrency[-1]) if isinstance(concurrency, (list, tuple)) else int(concurrency)
 
 
+def blocks_held_per_replica(max_concurrent_batches: int) -> int:
+    """The read blocks Ray Data sends one ready engine replica at once: Ray Data LLM leaves
+    ``max_tasks_in_flight_per_actor`` unset, so Ray's ``2 x max_concurrency`` applies, and a read
+    block's batches reach the engine as one task."""
+    return 2 * max_concurrent_batches
+
+
+def blocks_for_every_replica(concurrency: int | list[int] | tuple[int, int], max_concurrent_batches: int) -> int:
+    """The read blocks a run needs so that the replica ready first cannot take them all: twice what
+    all replicas hold at once (:func:`blocks_held_per_replica`)."""
+    return 2 * max_replicas(concurrency) * blocks_held_per_replica(max_concurrent_batches)
+
+
 def job_env_vars() -> dict[str, str]:
     """Environment variables the enclosing Ray job's runtime_env sets ({} outside a Ray job)."""
     raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")

@@ -276,11 +276,11 @@ def blocks_for_every_replica(preset: Preset) -> Preset:
     the others as idle once the input was all handed out ("consumed all inputs"): on an H100, two
     engines for 10,000 images ran as one (64 blocks, 72 a replica; benchmarks/RESULTS.md). With twice
     the blocks all replicas hold, the first takes a quarter of them, the rest wait for the others."""
-    from helpers.engine import max_replicas
+    from helpers import engine
 
-    replicas = max_replicas(preset.concurrency)
-    held = 2 * preset.max_concurrent_batches  # blocks Ray Data sends one replica at a time
-    wanted = 2 * replicas * held
+    replicas = engine.max_replicas(preset.concurrency)
+    held = engine.blocks_held_per_replica(preset.max_concurrent_batches)
+    wanted = engine.blocks_for_every_replica(preset.concurrency, preset.max_concurrent_batches)
     if replicas < 2 or preset.num_blocks >= wanted:
         return preset
     why = (f"{wanted}: twice the blocks the {replicas} replicas hold at once ({held} each, 2 x max_concurrent_batches), "

@@ -162,8 +162,14 @@ def test_tensor_parallel_over_pcie_is_warned():
 def test_blocks_rules():
     [idle] = checks.blocks(num_blocks=4, replicas=4, batch_size=256)
     assert "num_blocks=4 < 2 x 4 replicas" in idle.message
-    # The run cuts blocks to one batch before the engine: big read blocks are no problem any more ...
+    # Big read blocks are no problem for the batches (the run cuts them to one batch each) ...
     assert checks.blocks(num_blocks=8, replicas=2, batch_size=128, rows=1_000_000) == []
+    # ... but a block's batches reach the engine as one task: with fewer blocks than the replicas hold
+    # (2 x max_concurrent_batches each, twice over), the replica ready first may take them all.
+    [first] = checks.blocks(num_blocks=64, replicas=2, batch_size=16, rows=10_000, max_concurrent_batches=72)
+    assert "num_blocks=64 < 576: the replica ready first may take every block" in first.message
+    assert checks.blocks(num_blocks=576, replicas=2, batch_size=16, rows=10_000, max_concurrent_batches=72) == []
+    assert checks.blocks(num_blocks=4, replicas=1, batch_size=16, rows=10_000, max_concurrent_batches=72) == []
     # ... but too few rows for the replicas are: 309 rows in batches of 256 feed 2 of 4 replicas.
     [few] = checks.blocks(num_blocks=16, replicas=4, batch_size=256, rows=309)
     assert "309 rows make 2 batches of 256: 2 of the 4 replicas get none" in few.message
