@@ -16,6 +16,13 @@ from typing import Any
 from helpers.gpus import GPUS, kv_cache_estimate, offline_engine_defaults
 
 
+#: A CPU engine's executor: vLLM's single-process one, named by its class. Ray's engine stage asks
+#: for "uni", but vLLM's CPU platform turns that name into "mp", which starts one more process
+#: that imports vLLM again before the engine is ready: 17-20 s more per engine start on a 2-core
+#: machine, for the same answers at the same speed (benchmarks/RESULTS.md, "CPU engine start").
+CPU_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
+
+
 @dataclass(frozen=True)
 class Preset:
     """One run configuration; field names follow the notebooks' parameters (lower case)."""
@@ -143,6 +150,8 @@ class Preset:
                                   "disable_log_stats": True}
         if self.accelerator_type:
             kwargs["gpu_memory_utilization"] = self.memory_share
+        elif self.tensor_parallel_size == self.pipeline_parallel_size == 1:
+            kwargs["distributed_executor_backend"] = CPU_EXECUTOR
         if (budget := self.kv_cache_budget) is not None:  # replicas that share a GPU: a stated KV cache
             kwargs["kv_cache_memory_bytes"] = budget
         if self.tensor_parallel_size > 1:

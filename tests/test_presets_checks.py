@@ -525,6 +525,26 @@ def test_vllm_and_rays_engine_stage_take_the_kv_cache_budget():
     assert vLLMEngineStageUDF.normalize_engine_kwargs(SimpleNamespace(model="m"), kwargs) == kwargs
 
 
+def test_a_cpu_engine_runs_its_model_in_the_engine_process(smollm2_path):
+    """vLLM resolves the kit's CPU engine arguments to its single-process executor; without the
+    kit's choice its CPU platform picks the multiprocess one (a second process importing vLLM)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.executor.abstract import Executor
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    for task in ("text", "vision"):
+        assert presets.PRESETS[presets.CPU_PRESET[task]].engine_kwargs()["distributed_executor_backend"] == \
+            presets.CPU_EXECUTOR
+    kwargs = fitting.select("text-cpu-offline", "text").engine_kwargs()
+    chosen = AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()
+    assert Executor.get_class(chosen) is UniProcExecutor
+    kwargs.pop("distributed_executor_backend")
+    default = AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()
+    assert Executor.get_class(default) is MultiprocExecutor
+    # GPUs keep Ray's choice ("uni" for one GPU, "ray" across nodes).
+    assert "distributed_executor_backend" not in fitting.select("text-llama8b-l4", "text").engine_kwargs()
+
 def test_auto_shares_a_gpu_by_what_was_measured():
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
     # Text: two engines, not three (3 measured 1.34x one raw engine where 2 did 1.69x).
