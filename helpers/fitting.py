@@ -235,6 +235,14 @@ PARAMETER_FIELDS: dict[str, str] = {
 SHORT_RUN_ROWS = 1_000
 
 
+#: A CPU run of at most this many known rows (:func:`known_rows`) runs the model in vLLM's
+#: engine-core process (:attr:`helpers.presets.Preset.one_process`). On a 2-core machine the engine
+#: then starts ~18 s sooner but computes more slowly: the bundled 309 rows took 147.6 and 131.6 s in
+#: the pipeline against 135.8 and 129.7 s, the bundled 24 images 71.5 s against 76.5 s
+#: (benchmarks/RESULTS.md).
+ONE_PROCESS_ROWS = {"text": 100, "vision": 30}
+
+
 def known_rows(parameters: Mapping[str, Any], sample_size: Callable[[], int] | None) -> int | None:
     """Rows the run will read, when known before reading: the bundled sample's size
     (``sample_size()``) when ``INPUT_PATH`` is None, at most ``LIMIT``; None for your own data
@@ -250,7 +258,8 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
     """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
     parameter that is not ``None`` on top of it, field by field. With ``ENFORCE_EAGER=None``, a GPU
     run of at most :data:`SHORT_RUN_ROWS` known rows (:func:`known_rows`; ``sample_size`` counts
-    the bundled sample, called only then) runs eagerly."""
+    the bundled sample, called only for such runs) runs eagerly; a CPU run of at most
+    :data:`ONE_PROCESS_ROWS` runs the model in vLLM's engine process."""
     from helpers.engine import concurrency_arg
 
     overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
@@ -264,6 +273,12 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
             why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
                    "capture, so the engine runs eagerly")
             preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
+    if not preset.accelerator_type and preset.tensor_parallel_size == preset.pipeline_parallel_size == 1:
+        rows, most = known_rows(parameters, sample_size), ONE_PROCESS_ROWS[task]
+        if rows is not None and rows <= most:
+            why = (f"{rows:,} rows (at most {most}): the model runs in vLLM's engine process, which starts "
+                   "sooner and computes more slowly than a worker process of its own")
+            preset = preset.override(one_process=True, reasons=(*preset.reasons, ("distributed_executor_backend", why)))
     return preset
 
 
@@ -319,9 +334,10 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
               "gpu_memory_utilization": preset.memory_share if preset.accelerator_type else None,
               "kv_cache_memory_bytes": preset.kv_cache_budget,
               "tensor_parallel_size": preset.tensor_parallel_size,
-              "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization}
+              "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization,
+              "distributed_executor_backend": preset.engine_kwargs().get("distributed_executor_backend")}
     for field, value in engine.items():
-        if field == "kv_cache_memory_bytes" and value is None:  # vLLM measures it (one engine per GPU, a CPU)
+        if field in ("kv_cache_memory_bytes", "distributed_executor_backend") and value is None:  # vLLM's own
             continue
         rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
                      "why": why.get(field, "")})

@@ -16,10 +16,9 @@ from typing import Any
 from helpers.gpus import GPUS, kv_cache_estimate, offline_engine_defaults
 
 
-#: A CPU engine's executor: vLLM's single-process one, named by its class. Ray's engine stage asks
-#: for "uni", but vLLM's CPU platform turns that name into "mp", which starts one more process
-#: that imports vLLM again before the engine is ready: 17-20 s more per engine start on a 2-core
-#: machine, for the same answers at the same speed (benchmarks/RESULTS.md, "CPU engine start").
+#: The executor of a short CPU run (:attr:`Preset.one_process`): vLLM's single-process one, named by
+#: its class. Ray's engine stage asks for "uni", but vLLM's CPU platform turns that name into "mp", a
+#: worker process of its own that imports vLLM again before the engine is ready.
 CPU_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
@@ -61,6 +60,10 @@ class Preset:
     #: The GPU's memory in GiB as measured (``"auto"`` on a local GPU); None: the known type's
     #: (:data:`GPUS`). Sizes the KV cache of replicas that share a GPU (:attr:`kv_cache_budget`).
     gpu_memory_gib: float | None = None
+    #: A CPU engine that runs the model in vLLM's engine-core process (:data:`CPU_EXECUTOR`), not in a
+    #: worker process of its own: ~18 s sooner to start on 2 cores, slower to compute; for short runs
+    #: only, decided in :func:`helpers.fitting.from_parameters`.
+    one_process: bool = False
     description: str = ""
     #: For presets chosen by ``"auto"``: (field, why this value) pairs, shown in the settings table.
     reasons: tuple[tuple[str, str], ...] = ()
@@ -150,7 +153,7 @@ class Preset:
                                   "disable_log_stats": True}
         if self.accelerator_type:
             kwargs["gpu_memory_utilization"] = self.memory_share
-        elif self.tensor_parallel_size == self.pipeline_parallel_size == 1:
+        elif self.one_process:
             kwargs["distributed_executor_backend"] = CPU_EXECUTOR
         if (budget := self.kv_cache_budget) is not None:  # replicas that share a GPU: a stated KV cache
             kwargs["kv_cache_memory_bytes"] = budget

@@ -400,9 +400,10 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     assert not fitting.from_parameters("text", base, cluster=h100).enforce_eager  # no sample size given: unknown
 
     def never():
-        raise AssertionError("the sample is counted only for a GPU run that may skip compilation")
+        raise AssertionError("the sample is counted only for a run whose settings depend on it")
 
-    cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, sample_size=never)
+    cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, sample_size=lambda: 309)
+    assert not fitting.from_parameters("text", base | {"ENFORCE_EAGER": True}, cluster=h100, sample_size=never).one_process
     assert cpu.enforce_eager and "enforce_eager" not in dict(cpu.reasons)  # a CPU runs eagerly anyway
 
 
@@ -525,25 +526,41 @@ def test_vllm_and_rays_engine_stage_take_the_kv_cache_budget():
     assert vLLMEngineStageUDF.normalize_engine_kwargs(SimpleNamespace(model="m"), kwargs) == kwargs
 
 
-def test_a_cpu_engine_runs_its_model_in_the_engine_process(smollm2_path):
-    """vLLM resolves the kit's CPU engine arguments to its single-process executor; without the
-    kit's choice its CPU platform picks the multiprocess one (a second process importing vLLM)."""
+def test_a_short_cpu_run_runs_the_model_in_vllms_engine_process(smollm2_path):
+    """A CPU run of a few known rows runs the model in vLLM's engine-core process (its engine starts
+    ~18 s sooner on 2 cores); longer runs, runs of unknown length and GPUs keep vLLM's worker process
+    (it computes faster). vLLM itself resolves the kit's arguments to its single-process executor;
+    without them its CPU platform picks the multiprocess one."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.executor.abstract import Executor
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    for task in ("text", "vision"):
-        assert presets.PRESETS[presets.CPU_PRESET[task]].engine_kwargs()["distributed_executor_backend"] == \
-            presets.CPU_EXECUTOR
-    kwargs = fitting.select("text-cpu-offline", "text").engine_kwargs()
-    chosen = AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()
-    assert Executor.get_class(chosen) is UniProcExecutor
+    base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
+
+    def run_config(task, sample, **given):
+        return fitting.from_parameters(task, {**base, **given}, sample_size=lambda: sample)
+
+    def backend(task, sample, **given):
+        return run_config(task, sample, **given).engine_kwargs().get("distributed_executor_backend")
+
+    assert backend("text", 309) is None  # the bundled sample: over ONE_PROCESS_ROWS["text"]
+    assert backend("text", 309, LIMIT=100) == backend("text", 309, LIMIT=12) == presets.CPU_EXECUTOR
+    assert backend("text", 309, LIMIT=101) is None
+    assert backend("vision", 24) == presets.CPU_EXECUTOR and backend("vision", 31) is None
+    assert backend("vision", 24, INPUT_PATH="s3://bucket/images") is None  # your data: rows unknown
+    assert backend("text", 309, LIMIT=12, PRESET="text-llama8b-l4") is None  # GPUs: Ray's choice
+    short = base | {"LIMIT": 12}
+    rows = {r["parameter"]: r for r in fitting.describe(run_config("text", 309, LIMIT=12), short)}
+    assert rows["distributed_executor_backend"]["why"].startswith("12 rows (at most 100)")
+    assert "distributed_executor_backend" not in {r["parameter"] for r in fitting.describe(run_config("text", 309), base)}
+
+    kwargs = run_config("text", 309, LIMIT=12).engine_kwargs()
+    assert Executor.get_class(AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()) is UniProcExecutor
     kwargs.pop("distributed_executor_backend")
     default = AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()
     assert Executor.get_class(default) is MultiprocExecutor
-    # GPUs keep Ray's choice ("uni" for one GPU, "ray" across nodes).
-    assert "distributed_executor_backend" not in fitting.select("text-llama8b-l4", "text").engine_kwargs()
+
 
 def test_auto_shares_a_gpu_by_what_was_measured():
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.2}
