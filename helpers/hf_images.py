@@ -7,12 +7,16 @@ import functools
 from collections.abc import Callable, Iterator
 
 import pandas as pd
+import pyarrow as pa
 from ray.data import Datasource
 from ray.data.block import BlockMetadata
 from ray.data.datasource import ReadTask
 
-from helpers.image_data import (ANY_IMAGE, SAMPLE_ID, check_layout, content_ids, image_rows, image_values,
-                                path_reader, relative_shard, webdataset_rows)
+from helpers.image_data import (ANY_IMAGE, SAMPLE_ID, check_layout, image_rows, image_values, path_reader,
+                                relative_shard, webdataset_rows)
+
+#: Each row's number in the dataset's order, added while reading: the id of rows without one.
+ROW_NUMBER = "__kit_row_number"
 
 
 def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | None = None, root: str = "",
@@ -25,8 +29,10 @@ def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | No
     checks each image itself, so a broken file is that row's reason instead of an exception inside
     ``datasets``. A webdataset-style dataset (``__key__`` and ``__url__``, as ``load_dataset("webdataset",
     ...)`` gives) keeps the shard (its path under ``root``, else its file name) and key as each row's
-    id, as :func:`read_images` does; other datasets take ``id_column``, else a hash of the image. A
-    ``path`` without bytes (``imagefolder`` datasets) is read from that file.
+    id, as :func:`read_images` does; other datasets take ``id_column``, else each row's number in the dataset's order (the first is
+    ``"0"``): one id per row, identical images included, the same every time the same dataset is
+    read, so a run resumes on them. A ``path`` without bytes (``imagefolder`` datasets) is read from
+    that file.
 
     Not through ``ray.data.from_huggingface``: it first looks for the same dataset's parquet files on the
     Hub. For a dataset in memory it calls ``load_dataset`` with the builder's name ("webdataset",
@@ -62,8 +68,9 @@ def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | No
     if streaming:
         return ray.data.read_datasource(_Stream(dataset, functools.partial(fn, **kwargs)),
                                         ray_remote_args={"num_cpus": num_cpus})
-    return ray.data.from_arrow(dataset.with_format("arrow")[:]).map_batches(
-        fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus)
+    table = dataset.with_format("arrow")[:]
+    table = table.append_column(ROW_NUMBER, pa.array(range(table.num_rows), pa.int64()))
+    return ray.data.from_arrow(table).map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus)
 
 
 class _Stream(Datasource):
@@ -84,8 +91,11 @@ class _Stream(Datasource):
         return [ReadTask(self._read, meta, per_task_row_limit=per_task_row_limit)]
 
     def _read(self) -> Iterator[pd.DataFrame]:
+        first = 0
         for batch in self._dataset.iter(batch_size=self._batch_size):
-            yield self._to_rows(pd.DataFrame(batch))
+            frame = pd.DataFrame(batch)
+            yield self._to_rows(frame.assign(**{ROW_NUMBER: range(first, first + len(frame))}))
+            first += len(frame)
 
 
 
@@ -99,7 +109,7 @@ def _from_hf_rows(batch: pd.DataFrame, image_column: str, id_column: str | None)
 
     local = path_reader("", pafs.LocalFileSystem())  # paths datasets records for local image files
     pairs = image_values(batch, image_column, [local] * len(batch))
-    ids = batch[id_column].astype(str).tolist() if id_column else content_ids([data for data, _ in pairs])
+    ids = batch[id_column].astype(str).tolist() if id_column else [str(n) for n in batch[ROW_NUMBER]]
     out = image_rows(ids, [f"row:{i}" for i in ids], pairs)
     if id_column:
         out[id_column] = batch[id_column].to_numpy()

@@ -14,7 +14,6 @@ Each reader streams: a 5-million-image dataset is never loaded whole.
 from __future__ import annotations
 
 import functools
-import hashlib
 import posixpath
 from pathlib import Path
 from collections.abc import Callable, Sequence
@@ -270,18 +269,6 @@ def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None,
     if id_column:
         out[id_column] = batch[id_column].to_numpy()
     return out
-
-
-def content_ids(raw: list[bytes]) -> list[str]:
-    """A hash of each row's bytes; a repeat of the same bytes in the batch gets ``-2``, ``-3``, ...
-    so two rows never share an id (and never merge in the results)."""
-    seen: dict[str, int] = {}
-    ids = []
-    for data in raw:
-        digest = hashlib.sha1(data).hexdigest()[:16]
-        seen[digest] = seen.get(digest, 0) + 1
-        ids.append(digest if seen[digest] == 1 else f"{digest}-{seen[digest]}")
-    return ids
 
 
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:

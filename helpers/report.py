@@ -147,11 +147,11 @@ def run_summary(result, *, prediction_column: str, labels: Sequence[str], ids_fr
     }
 
 
-def caption_summary(result, *, ids_from_content: bool = False) -> dict:
-    """Row accounting for a captioning run: every image read is captioned, rejected or errored, once.
-    ``ids_from_content``: the row ids are hashes of the image bytes, shared by identical images."""
+def caption_summary(result) -> dict:
+    """Row accounting for a captioning run: every image read is captioned, rejected or errored, once
+    (every reader gives each row an id of its own, identical images included)."""
     captions = result.answered
-    base = _accounting(result, len(captions), result.errors, "images", ids_from_content)
+    base = _accounting(result, len(captions), result.errors, "images", ids_from_content=False)
     return {
         "images read": base["images read"],
         "captioned": len(captions),

@@ -78,13 +78,6 @@ def test_image_value_from_hf_struct_plain_bytes_missing_and_wrong_types():
     assert image_data.image_value([1, 2], "jpg")[1].startswith("not image bytes")
 
 
-def test_content_ids_never_merge_rows_with_the_same_bytes():
-    assert image_data.content_ids([b"a", b"b", b"a", b"a"])[2:] != image_data.content_ids([b"a"]) * 2
-    ids = image_data.content_ids([b"a", b"b", b"a", b"a"])
-    assert len(set(ids)) == 4 and ids[2] == ids[0] + "-2" and ids[3] == ids[0] + "-3"
-    assert image_data.content_ids([b"a"]) == ids[:1]  # the first of its bytes keeps the plain hash
-
-
 def test_prepare_batch_keeps_reasons_the_reader_gave():
     batch = pd.DataFrame({ROW_ID: ["x"], image_data.IMAGE_BYTES: [jpeg()], REJECT_REASON: ["no 'jpg' value in this row"]})
     out = image_data.prepare_batch(batch, max_tokens=16)
@@ -294,3 +287,20 @@ def test_a_datasets_dataset_gives_the_rows_that_reading_the_same_shards_gives(lo
     assert {r[image_data.SAMPLE_ID] for r in via_datasets} == {r[image_data.SAMPLE_ID] for r in via_files}
     with pytest.raises(TypeError, match="one split"):
         hf_images.from_datasets(datasets.DatasetDict({"train": loaded}))
+
+
+def test_a_datasets_dataset_without_ids_numbers_its_rows_identical_images_too(local_ray):
+    """Rows of a ``datasets`` dataset with no id column (not webdataset): each row's number in the
+    dataset, in memory or streaming, so the same image twice is two rows with two ids."""
+    import datasets
+
+    files = sample_images.sample_files()
+    images = [files["astronaut"], files["moon"], files["astronaut"], files["broken_truncated"]]
+    loaded = datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images],
+                                         "caption": ["a", "b", "c", "d"]})
+    for dataset in (loaded, loaded.to_iterable_dataset()):
+        rows = sorted(hf_images.from_datasets(dataset).take_all(), key=lambda r: int(r[ROW_ID]))
+        assert [r[ROW_ID] for r in rows] == ["0", "1", "2", "3"], type(dataset)
+        assert [r[image_data.IMAGE_BYTES] for r in rows] == images
+        assert [r[image_data.SOURCE] for r in rows] == ["row:0", "row:1", "row:2", "row:3"]
+        assert hf_images.ROW_NUMBER not in rows[0]
