@@ -11,6 +11,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``progress``: what a running pipeline shows: a line updated in place, a heartbeat in logs, the first-results watchdog.
 - ``run_stats``: throughput end to end and in steady state, and Ray's statistics per stage.
 - ``fitting``: a preset fitted to the hardware and the parameters (``PRESET="auto"``), and the settings table.
+- ``short_runs``: what a run of few known rows changes: batches shared by every replica, eager GPU engines, one-process CPU engines.
 - ``presets``: the named run configurations.
 - ``gpus``: the GPU types the kit knows, vLLM's per-hardware defaults, the KV cache per engine, the CPU's dtype.
 - ``engine``: what each engine replica gets: CPUs, GPU placement, cores, environment, the actor pool.

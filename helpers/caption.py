@@ -14,7 +14,7 @@ from helpers.images import QWEN2_VL_GRID, fit_size
 from helpers.inputs import Input, missing_columns, output_problems, parquet_columns, resolve
 from helpers.models import prepare_tiny_vlm
 from helpers.plan import Plan, build
-from helpers.sample_images import prepare_sample_images, sample_size
+from helpers.sample_images import prepare_sample_images
 
 #: Image sizes the plan shows resized to the vision-token budget.
 EXAMPLE_IMAGE_SIZES = ((640, 480), (4000, 3000), (1080, 1920))
@@ -91,5 +91,5 @@ def plan(p: Mapping[str, Any]) -> Plan:
     def context(tokenizer: Any) -> int:
         return max_model_len(tokenizer, p["SYSTEM_PROMPT"], p["PROMPT"], p["IMAGE_TOKENS"], p["MAX_TOKENS"])
 
-    return build("vision", p, check_parameters(p), sample_size=sample_size,
+    return build("vision", p, check_parameters(p),
                  offline_builder=prepare_tiny_vlm, context=context, notes=notes)

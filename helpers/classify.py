@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from helpers import data, inputs
+from helpers import inputs
 from helpers.plan import Plan, build
 
 DEFAULT_LABELS: tuple[str, ...] = (
@@ -70,4 +70,4 @@ def plan(p: Mapping[str, Any]) -> Plan:
     """The text notebook's plan from its parameters (``globals()``): every parameter, the CSV's columns
     and encoding and ``OUTPUT_DIR`` checked first (:func:`helpers.inputs.check_text`, one error listing
     every problem), then :func:`helpers.plan.build`."""
-    return build("text", p, inputs.check_text(p), sample_size=data.sample_size)
+    return build("text", p, inputs.check_text(p))

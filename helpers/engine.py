@@ -146,6 +146,17 @@ def blocks_held_per_replica(max_concurrent_batches: int) -> int:
     return 2 * max_concurrent_batches
 
 
+def batches_held_in_a_short_run(concurrency: int | list[int] | tuple[int, int], max_concurrent_batches: int,
+                                batches: int) -> int | None:
+    """The batches Ray Data may hand one engine replica at once (``max_tasks_in_flight_per_actor``) in
+    a run of ``batches`` known batches, so that the replica ready first leaves each other replica its
+    share: ``ceil(batches / replicas)`` where that is fewer than :func:`blocks_held_per_replica`.
+    None (Ray's own rule) for one replica, an autoscaling pool, or a run with enough batches."""
+    low, high = actor_pool(concurrency)
+    share = math.ceil(batches / high)
+    return share if low == high > 1 and share < blocks_held_per_replica(max_concurrent_batches) else None
+
+
 def blocks_for_every_replica(concurrency: int | list[int] | tuple[int, int], max_concurrent_batches: int) -> int:
     """The read blocks a run needs so that the replica ready first cannot take them all: twice what
     all replicas hold at once (:func:`blocks_held_per_replica`)."""

@@ -1,11 +1,13 @@
 """Fitting a preset to the hardware and the parameters: ``PRESET="auto"``, parameter overrides, the
-decisions left to the kit (dtype, tokenize stage, eager runs), and the settings table that says why."""
+decisions left to the kit (dtype, tokenize stage, blocks; short runs: :mod:`helpers.short_runs`), and
+the settings table that says why."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from helpers import short_runs
 from helpers.models import OFFLINE
 from helpers.gpus import GPUS, RAY_STEP_TOKENS_NOTE, cpu_dtype, kv_cache_estimate, offline_engine_defaults
 from helpers.presets import CPU_PRESET, DEFAULT_GPU_PRESET, PRESETS, Preset, names
@@ -229,37 +231,12 @@ PARAMETER_FIELDS: dict[str, str] = {
 }
 
 
-#: A GPU run that will read at most this many rows skips ``torch.compile`` and CUDA-graph capture
-#: when ``ENFORCE_EAGER`` is None: they pay for themselves only over many rows (on the H100, 23 s of a
-#: 157 s captioning pipeline for the 24 bundled images; benchmarks/RESULTS.md).
-SHORT_RUN_ROWS = 1_000
-
-
-#: A CPU run of at most this many known rows (:func:`known_rows`) runs the model in vLLM's
-#: engine-core process (:attr:`helpers.presets.Preset.one_process`). On a 2-core machine the engine
-#: then starts ~18 s sooner but computes more slowly: the bundled 309 rows took 147.6 and 131.6 s in
-#: the pipeline against 135.8 and 129.7 s, the bundled 24 images 71.5 s against 76.5 s
-#: (benchmarks/RESULTS.md).
-ONE_PROCESS_ROWS = {"text": 100, "vision": 30}
-
-
-def known_rows(parameters: Mapping[str, Any], sample_size: Callable[[], int] | None) -> int | None:
-    """Rows the run will read, when known before reading: the bundled sample's size
-    (``sample_size()``) when ``INPUT_PATH`` is None, at most ``LIMIT``; None for your own data
-    without a ``LIMIT``."""
-    limit = int(parameters["LIMIT"]) if parameters.get("LIMIT") else None
-    sample = sample_size() if sample_size is not None and parameters.get("INPUT_PATH") is None else None
-    known = [n for n in (sample, limit) if n is not None]
-    return min(known) if known else None
-
-
 def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mapping[str, Any] | None = None,
-                    sample_size: Callable[[], int] | None = None) -> Preset:
+                    input_rows: int | None = None) -> Preset:
     """The run configuration a notebook's parameters ask for: ``PRESET``, then every preset-backed
-    parameter that is not ``None`` on top of it, field by field. With ``ENFORCE_EAGER=None``, a GPU
-    run of at most :data:`SHORT_RUN_ROWS` known rows (:func:`known_rows`; ``sample_size`` counts
-    the bundled sample, called only for such runs) runs eagerly; a CPU run of at most
-    :data:`ONE_PROCESS_ROWS` runs the model in vLLM's engine process."""
+    parameter that is not ``None`` on top of it, field by field; then, for a run whose rows are known
+    before reading (``LIMIT``, or ``input_rows``: the input's rows where counted),
+    :func:`helpers.short_runs.fit`."""
     from helpers.engine import concurrency_arg
 
     overrides = {field: parameters[name] for name, field in PARAMETER_FIELDS.items()
@@ -267,19 +244,7 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
     if "concurrency" in overrides:  # papermill and YAML turn a (min, max) pair into a list
         overrides["concurrency"] = concurrency_arg(overrides["concurrency"])
     preset = select(parameters["PRESET"], task, cluster=cluster, **overrides)
-    if preset.accelerator_type and not preset.enforce_eager and "enforce_eager" not in overrides:
-        rows = known_rows(parameters, sample_size)
-        if rows is not None and rows <= SHORT_RUN_ROWS:
-            why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
-                   "capture, so the engine runs eagerly")
-            preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
-    if not preset.accelerator_type and preset.tensor_parallel_size == preset.pipeline_parallel_size == 1:
-        rows, most = known_rows(parameters, sample_size), ONE_PROCESS_ROWS[task]
-        if rows is not None and rows <= most:
-            why = (f"{rows:,} rows (at most {most}): the model runs in vLLM's engine process, which starts "
-                   "sooner and computes more slowly than a worker process of its own")
-            preset = preset.override(one_process=True, reasons=(*preset.reasons, ("distributed_executor_backend", why)))
-    return preset
+    return short_runs.fit(preset, short_runs.known_rows(parameters, input_rows), given=set(overrides))
 
 
 def blocks_for_every_replica(preset: Preset) -> Preset:
@@ -335,9 +300,11 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
               "kv_cache_memory_bytes": preset.kv_cache_budget,
               "tensor_parallel_size": preset.tensor_parallel_size,
               "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization,
-              "distributed_executor_backend": preset.engine_kwargs().get("distributed_executor_backend")}
+              "distributed_executor_backend": preset.engine_kwargs().get("distributed_executor_backend"),
+              "max_tasks_in_flight_per_actor": preset.max_tasks_in_flight_per_actor}
     for field, value in engine.items():
-        if field in ("kv_cache_memory_bytes", "distributed_executor_backend") and value is None:  # vLLM's own
+        if value is None and field in ("kv_cache_memory_bytes", "distributed_executor_backend",
+                                       "max_tasks_in_flight_per_actor"):  # vLLM's or Ray's own
             continue
         rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
                      "why": why.get(field, "")})

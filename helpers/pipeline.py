@@ -29,6 +29,7 @@ from helpers.progress import (ACTOR_ARGUMENTS_NOTE, dashboard, first_results_wit
                               live_progress, log_stream)
 from helpers.run_stats import (Throughput, projection, rows_entered, rows_entering, stage_stats, stage_table,
                                steady_state, throughput_table)
+from helpers.sizing import InputSize
 
 #: Ray Data LLM's per-row error column: a row with a non-empty value skips every stage.
 INFERENCE_ERROR = "__inference_error__"
@@ -203,9 +204,18 @@ def rows_per_file(batch_size: int, expected_rows: int | None) -> int:
     return max(batch_size or 1, min(wanted, MAX_ROWS_PER_FILE))
 
 
+def rows_planned(limit: int | None, input_size: InputSize | None) -> tuple[int | None, bool]:
+    """The rows a run reads: ``LIMIT`` or the whole input's, whichever is fewer (None: not known);
+    and whether that number is an estimate (the input's size scaled from a sample), so that its
+    progress says "of about"."""
+    expected = input_size.rows if input_size else None
+    planned = min(filter(None, (limit, expected)), default=None)
+    return planned, bool(planned and input_size and input_size.estimated and planned == expected != limit)
+
+
 def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
         outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None,
-        expected_rows: int | None = None) -> RunResult:
+        input_size: InputSize | None = None) -> RunResult:
     """Run ``processor`` over ``ds`` once: every row, answered or not, is written in one pass to
     ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
     ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
@@ -214,7 +224,8 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     repartition): a read block larger than a batch would make one engine task of several batches,
     whose rows all come back when the last does (with 2,000 images in 64 blocks, every block ended
     in the same 4 s). Results are written as they come, :func:`rows_per_file` rows a file, from
-    ``expected_rows`` (the input's size, when known).
+    ``input_size`` (the whole input's rows, counted or estimated: the plan's; progress says "about"
+    for an estimate).
 
     ``limit`` is the run's ``LIMIT`` (``ds`` already holds at most that many rows). Resuming, Ray's
     checkpoint filter drops the rows an interrupted run finished right after the read, so a limit
@@ -238,21 +249,21 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                                fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
-    known = min(filter(None, (limit, expected_rows)), default=None)
-    total = max(known - out.rows_done, 0) if known else None
+    planned, about = rows_planned(limit, input_size)
+    total = max(planned - out.rows_done, 0) if planned else None  # this run's, after a resumed one's
     if session.progress:  # a person in Jupyter: one line that updates in place
         print(ACTOR_ARGUMENTS_NOTE, flush=True)
-        progress = live_progress(out.parts(RESULTS), total=total)
+        progress = live_progress(out.parts(RESULTS), total=total, about=about)
     else:  # headless: a line in the log every minute, never in the report
         beat_s = heartbeat_seconds()
         if beat_s:
             print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{dashboard()}.\n"
                   f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=log_stream(), flush=True)
-        progress = heartbeat(out.parts(RESULTS), beat_s, total=total)
+        progress = heartbeat(out.parts(RESULTS), beat_s, total=total, about=about)
     try:
         with first_results_within(out.parts(RESULTS), session.startup_timeout_s), progress:
             written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
-                                rows_per_file=rows_per_file(session.batch_size, known))
+                                rows_per_file=rows_per_file(session.batch_size, planned))
     except KeyboardInterrupt:
         raise RunInterrupted(_interrupted_message(out, id_column)) from None
     seconds = time.perf_counter() - started

@@ -75,23 +75,24 @@ def _checked(config: Preset, model_path: str, p: Mapping[str, Any], whole: Input
     return checks.enforce(checks.check_preset(config, model_shape(model_path), rows=p["LIMIT"] or whole.rows))
 
 
-def build(task: str, p: Mapping[str, Any], source: Input, *, sample_size: Callable[[], int],
+def build(task: str, p: Mapping[str, Any], source: Input, *,
           offline_builder: Callable[[], Any] | None = None, context: Callable[[Any], int] | None = None,
           notes: Sequence[str] = ()) -> Plan:
-    """A plan from a notebook's parameters (``globals()``) and its checked ``source``: the preset
-    fitted to the GPUs "auto" sees (``sample_size`` counts the bundled sample, for short runs), the
-    model prepared (``offline_builder`` for the offline one), its tokenizer, the input sized, the
-    configuration checked (raises on errors). ``context``: the context length from the tokenizer,
-    where the task measures it; "auto" then fits the engine to it."""
+    """A plan from a notebook's parameters (``globals()``) and its checked ``source``: the input
+    sized, the preset fitted to the GPUs "auto" sees and to the rows the run will read where they
+    are known (counted, or ``LIMIT``), the model prepared (``offline_builder`` for the offline one),
+    its tokenizer, the configuration checked (raises on errors). ``context``: the context length
+    from the tokenizer, where the task measures it; "auto" then fits the engine to it."""
+    whole = sizing.input_size(source.path, source.format, source.fs)
+    counted = None if whole.estimated else whole.rows
     seen = _seen(p)
-    config = fitting.from_parameters(task, p, cluster=seen, sample_size=sample_size)
+    config = fitting.from_parameters(task, p, cluster=seen, input_rows=counted)
     builder = {"offline_builder": offline_builder} if offline_builder else {}
     model_path = models.resolve_model_source(config.model_source, **builder)
     tokenizer = _tokenizer(model_path, p["TRUST_REMOTE_CODE"])
     if context is not None:
         config = fitting.from_parameters(task, {**p, "MAX_MODEL_LEN": context(tokenizer)}, cluster=seen,
-                                         sample_size=sample_size)
-    whole = sizing.input_size(source.path, source.format, source.fs)
+                                         input_rows=counted)
     return Plan(task, source, config, model_path, tokenizer, whole, _checked(config, model_path, p, whole),
                 _parameters(p), tuple(notes))
 
@@ -104,6 +105,12 @@ def overview(task: str) -> pd.DataFrame:
 
 
 def check_named(name: str, **overrides: Any) -> list[str]:
-    """The configuration checks' findings for the preset ``name`` (with ``overrides``), a line each."""
+    """The configuration checks' findings for the preset ``name`` (with ``overrides``), a line each,
+    after a line that says which preset and hardware they are about: in a run on other hardware,
+    the preset's findings are not the run's."""
     preset = PRESETS[name].override(**overrides) if overrides else PRESETS[name]
-    return [f"{f.level}: {f.message}" for f in checks.check_preset(preset)]
+    on = f"{preset.gpus} x {preset.accelerator_type}" if preset.accelerator_type else "a CPU"
+    findings = [f"  {f.level}: {f.message}" for f in checks.check_preset(preset)]
+    changed = f", with {', '.join(f'{k}={v!r}' for k, v in overrides.items())}" if overrides else ""
+    return [f"The preset {name!r} on {on}{changed} (not this run): "
+            f"{'the checks find:' if findings else 'the checks find nothing'}", *findings]

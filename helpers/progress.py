@@ -60,8 +60,13 @@ def heartbeat_seconds() -> float:
         return HEARTBEAT_S
 
 
-def _progress_line(minutes: float, rows: int, total: int | None, recent: float, window: float) -> str:
-    of = f" of {total:,}" if total else ""
+def _of(total: int | None, about: bool) -> str:
+    return f" of {'about ' if about else ''}{total:,}" if total else ""
+
+
+def _progress_line(minutes: float, rows: int, total: int | None, recent: float, window: float,
+                   about: bool = False) -> str:
+    of = _of(total, about)
     left = ""
     if total and recent > 0 and rows < total:
         left = f"; about {(total - rows) / recent / 60:.0f} min left at that rate"
@@ -97,27 +102,29 @@ def _counter(folder: Location) -> Callable[[], int]:
     return written
 
 
-def _live_line(seconds: float, rows: int, total: int | None, rate: float, done: bool = False) -> str:
+def _live_line(seconds: float, rows: int, total: int | None, rate: float, done: bool = False,
+               about: bool = False) -> str:
     if not rows:
         return f"{seconds:.0f} s: starting the engine and sending the first batches; no rows written yet"
-    of = f" of {total:,}" if total else ""
+    of = _of(total, about)
     speed = f", {rate:.1f} rows/s" if rate > 0 else ""  # from the second result file on
     left = f", about {(total - rows) / rate / 60:.1f} min left" if total and rate > 0 and rows < total else ""
     return f"{'done in ' if done else ''}{seconds:.0f} s: {rows:,}{of} rows written{speed}{'' if done else left}"
 
 
 @contextmanager
-def live_progress(folder: Path | Location, *, total: int | None = None, every_s: float = 2.0,
+def live_progress(folder: Path | Location, *, total: int | None = None, about: bool = False, every_s: float = 2.0,
                   display=None) -> Iterator[None]:
     """While the code inside runs, one line in the notebook that updates in place every ``every_s``
-    seconds: rows written to ``folder`` of ``total``, the rate since the first rows, and the time left.
-    ``display``: IPython's (the default), or a stand-in for tests."""
+    seconds: rows written to ``folder`` of ``total`` ("of about" where ``about``: an estimate), the
+    rate since the first rows, and the time left. ``display``: IPython's (the default), or a
+    stand-in for tests."""
     if display is None:
         from IPython.display import display
     folder = Location.of(folder)
     written = _counter(folder)
     before, started, done = written(), time.monotonic(), threading.Event()
-    handle = display({"text/plain": _live_line(0, 0, total, 0)}, raw=True, display_id=True)
+    handle = display({"text/plain": _live_line(0, 0, total, 0, about=about)}, raw=True, display_id=True)
     first: list[tuple[float, int]] = []
 
     def show(done: bool = False) -> None:
@@ -125,7 +132,7 @@ def live_progress(folder: Path | Location, *, total: int | None = None, every_s:
         if rows and not first:
             first.append((now, rows))
         rate = (rows - first[0][1]) / (now - first[0][0]) if first and now > first[0][0] else 0.0
-        handle.update({"text/plain": _live_line(now - started, rows, total, rate, done)}, raw=True)
+        handle.update({"text/plain": _live_line(now - started, rows, total, rate, done, about)}, raw=True)
 
     def tick() -> None:
         while not done.wait(every_s):
@@ -140,10 +147,12 @@ def live_progress(folder: Path | Location, *, total: int | None = None, every_s:
 
 
 @contextmanager
-def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = None, stream=None) -> Iterator[None]:
+def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = None, about: bool = False,
+              stream=None) -> Iterator[None]:
     """While the code inside runs, write a progress line every ``every_s`` seconds: rows written to
     ``folder`` in this run (result files' footers, each read once), the rate over the last interval
-    and, with a known ``total`` (``LIMIT``), the time left at that rate.
+    and, with a known ``total`` (``LIMIT`` or the input's size; ``about``: an estimate), the time left
+    at that rate.
 
     The lines go to the process's own standard error (:func:`log_stream`): in a notebook kernel that
     is the terminal or job log that started papermill, not the executed notebook, so the report
@@ -160,7 +169,7 @@ def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = No
         while not done.wait(every_s):
             rows, now = written() - before, time.monotonic()
             line = _progress_line((now - started) / 60, rows, total, (rows - last_rows) / max(now - last_t, 1e-9),
-                                  now - last_t)
+                                  now - last_t, about)
             print(line, file=stream, flush=True)
             last_rows, last_t = rows, now
 

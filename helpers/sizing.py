@@ -24,6 +24,11 @@ class InputSize:
     rows: int | None  # None: not known (see basis)
     basis: str  # how the rows were counted or estimated, or why not
 
+    @property
+    def estimated(self) -> bool:
+        """True where ``rows`` is an estimate (scaled from a sample), not a count."""
+        return self.basis.startswith("estimated")
+
 
 def input_size(path: str, input_format: str, fs=None) -> InputSize:
     """The rows (images, samples) under ``path`` in ``input_format`` ("csv", "parquet",

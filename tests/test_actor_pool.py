@@ -110,7 +110,7 @@ def test_concurrency_text_from_papermill(repo, text, ok):
     assert (problems == []) is ok, problems
 
 
-def _rows_per_replica(blocks: int, in_flight: int, gate) -> list[int]:
+def _rows_per_replica(blocks: int, in_flight: int, gate, rows: int = 800) -> list[int]:
     import collections
 
     import ray
@@ -139,7 +139,7 @@ def _rows_per_replica(blocks: int, in_flight: int, gate) -> list[int]:
                 time.sleep(0.05)
             return {"pid": [self.pid] * len(batch["id"])}
 
-    ds = ray.data.range(800, override_num_blocks=blocks).map_batches(
+    ds = ray.data.range(rows, override_num_blocks=blocks).map_batches(
         _Replica, fn_constructor_kwargs={"gate": str(gate)}, batch_size=16, num_cpus=0.1,
         compute=ray.data.ActorPoolStrategy(min_size=2, max_size=2, max_tasks_in_flight_per_actor=in_flight))
     return sorted(collections.Counter(r["pid"] for r in ds.take_all()).values())
@@ -159,3 +159,24 @@ def test_the_replica_ready_first_leaves_blocks_for_the_others(local_ray, tmp_pat
     (tmp_path / "kit").mkdir()
     shares = _rows_per_replica(plan.num_blocks, held, tmp_path / "kit")
     assert len(shares) == 2 and shares[0] >= 800 // 4, shares  # the second replica got its share
+
+
+def test_a_short_run_gives_every_replica_its_share_of_few_batches(repo, local_ray, tmp_path):
+    """A run of fewer batches than one replica takes at once (Ray's 2 x max_concurrent_batches):
+    on an H100, 500 images in 32 batches ran on one of two engines. The kit's configuration for a
+    short run reaches Ray through the notebook's processor cell, and with it both replicas work;
+    with Ray's rule (control), the replica ready first took every batch."""
+    _, defaults = _defaults(repo)
+    short = fitting.from_parameters("text", {**defaults, "PRESET": "auto", "INPUT_PATH": "/data/customers.csv",
+                                             "LIMIT": 1_000}, cluster=H100)
+    batches = -(-1_000 // short.batch_size)
+    assert short.concurrency == 2 and batches == 4 and short.max_tasks_in_flight_per_actor == 2
+    pool = _engine_pool(repo, "text", short, tmp_path)
+    assert pool.max_tasks_in_flight_per_actor == 2  # the notebook passes it to Ray's actor pool
+    unfitted = short.override(max_tasks_in_flight_per_actor=None, max_concurrent_batches=6)
+    held = _blocks_per_replica(_engine_pool(repo, "text", unfitted, tmp_path), unfitted)
+    assert held >= batches  # Ray's rule: one replica may take them all
+    (tmp_path / "control").mkdir()
+    assert _rows_per_replica(batches, held, tmp_path / "control", rows=64) == [64]  # one replica did all
+    (tmp_path / "kit").mkdir()
+    assert _rows_per_replica(batches, pool.max_tasks_in_flight_per_actor, tmp_path / "kit", rows=64) == [32, 32]

@@ -10,6 +10,7 @@ import pytest
 from helpers import cluster, output_dir, outputs, pipeline, progress, run_stats
 from helpers.data import REJECT_REASON
 from helpers.pipeline import ENGINE, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE
+from helpers.sizing import InputSize
 
 
 def request(row):
@@ -291,7 +292,7 @@ def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they
     session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
                                stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
     result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": "", "rows_in_task": 0},
-                          id_column=None, answered_name="predictions.parquet", expected_rows=96)
+                          id_column=None, answered_name="predictions.parquet", input_size=InputSize(96, "counted: the test's rows"))
     assert len(result.answered) == 96 and set(result.answered["rows_in_task"]) == {8}
     assert len(result.files) == 12  # rows_per_file(8, 96) == 8: a file per batch, as it was answered
     times = sorted(mtime for _, mtime in out.parts(pipeline.RESULTS).files())
@@ -361,6 +362,21 @@ def test_a_headless_run_logs_its_progress_outside_the_report(tmp_path):
     assert log.getvalue() == ""
     assert progress._progress_line(2.0, 100, None, 5.0, 60) == \
         "[llm-batch-kit] 2.0 min: 100 rows written, 5.0 rows/s over the last 60 s"
+
+
+def test_progress_says_about_where_the_rows_to_come_are_an_estimate():
+    estimated = InputSize(101_982, "estimated: 950 rows in the first 1,048,576 bytes of the first of 4 files")
+    counted = InputSize(100_000, "counted: the footers of 4 parquet files")
+    assert pipeline.rows_planned(None, estimated) == (101_982, True)
+    assert pipeline.rows_planned(None, counted) == (100_000, False)
+    assert pipeline.rows_planned(1_000, estimated) == (1_000, False)  # a LIMIT below it: that many
+    assert pipeline.rows_planned(200_000, estimated) == (101_982, True)
+    assert pipeline.rows_planned(None, InputSize(None, "an http(s) URL does not say")) == (None, False)
+    assert pipeline.rows_planned(50, None) == (50, False)
+    assert " 10 of about 101,982 rows written" in progress._progress_line(1.0, 10, 101_982, 2.0, 60, about=True)
+    assert " 10 of 1,000 rows written" in progress._progress_line(1.0, 10, 1_000, 2.0, 60)
+    line = progress._live_line(30, 10, 101_982, 2.0, about=True)
+    assert "10 of about 101,982 rows written, 2.0 rows/s, about " in line and "min left" in line
 
 
 def _stand_in_processor(engine_cls, batch_size: int = 8):
@@ -442,7 +458,7 @@ def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(local_
     session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
                                stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
     result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
-                          id_column=None, answered_name="predictions.parquet", expected_rows=64)
+                          id_column=None, answered_name="predictions.parquet", input_size=InputSize(64, "counted: the test's rows"))
     summary = report.run_summary(result, prediction_column="label", labels=["A"])
     assert (summary["classified"], summary["engine errors"], summary["all rows accounted for"]) == (8, 56, True)
     with pytest.raises(report.RunCheckError, match="the model answered"):

@@ -67,6 +67,21 @@ def test_preset_names_and_overview_cover_each_task():
     assert "1,000,000 rows" in rows["text-llama8b-l4-scaled"]["about"] and "rows" not in rows["text-llama8b-a100"]
 
 
+def test_a_named_presets_checks_say_which_preset_and_hardware_they_are_about():
+    """The captioning and text notebooks print the tutorial preset's checks in any run: on an H100 or
+    a CPU, a warning about an L4 must not read as one about the run."""
+    from helpers import plan
+
+    lines = plan.check_named("text-llama8b-l4-scaled")
+    assert lines[0] == "The preset 'text-llama8b-l4-scaled' on 10 x L4 (not this run): the checks find:"
+    assert len(lines) > 1 and all(line.startswith("  warning: ") for line in lines[1:])
+    assert "per L4" in lines[1]
+    fixed = plan.check_named("text-llama8b-l4-scaled", max_model_len=128)
+    assert fixed == ["The preset 'text-llama8b-l4-scaled' on 10 x L4, with max_model_len=128 (not this run): "
+                     "the checks find nothing"]
+    assert plan.check_named("vision-cpu-offline")[0].startswith("The preset 'vision-cpu-offline' on a CPU ")
+
+
 def test_model_shape_from_a_folder_a_known_id_or_none(smollm2_path, monkeypatch):
     shape = shapes.model_shape(str(smollm2_path))
     assert (shape.layers, shape.kv_heads, shape.head_dim) == (30, 3, 64)
@@ -379,32 +394,54 @@ def test_text_on_a_gpu_tokenizes_in_a_stage_of_its_own_and_nothing_else_does():
 
 
 def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
-    from helpers import data
-
     h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
     base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
-    rows = data.sample_size()  # the bundled sample as it is now (a copied project may replace it)
 
-    def eager(task="text", sample_size=data.sample_size, **changes):
-        return fitting.from_parameters(task, {**base, **changes}, cluster=h100, sample_size=sample_size).enforce_eager
+    def eager(task="text", counted=309, **changes):
+        return fitting.from_parameters(task, {**base, **changes}, cluster=h100, input_rows=counted).enforce_eager
 
-    sample = fitting.from_parameters("text", base, cluster=h100, sample_size=data.sample_size)
+    sample = fitting.from_parameters("text", base, cluster=h100, input_rows=309)
     why = {r["parameter"]: r["why"] for r in fitting.describe(sample, base)}["ENFORCE_EAGER"]
-    assert sample.enforce_eager and why.startswith(f"{rows:,} rows (at most 1,000)")
-    assert eager("vision", sample_size=lambda: 24)  # the bundled images
-    assert not eager(sample_size=lambda: 5_000)  # a bigger sample compiles
-    assert not eager(INPUT_PATH="s3://bucket/customers.csv")  # your data, size unknown: compile
-    assert eager(INPUT_PATH="s3://bucket/customers.csv", LIMIT=1_000) and not eager(INPUT_PATH="x.csv", LIMIT=1_001)
-    assert eager(LIMIT=50_000)  # the bundled sample is still small
+    assert sample.enforce_eager and why.startswith("309 rows (at most 1,000)")
+    assert eager("vision", counted=24)  # the bundled images
+    assert not eager(counted=5_000)  # a bigger input compiles
+    assert not eager(counted=None)  # an input estimated or not sized: compile
+    assert eager(counted=None, LIMIT=1_000) and not eager(counted=None, LIMIT=1_001)
+    assert eager(LIMIT=50_000)  # the input is still small
     assert not eager(ENFORCE_EAGER=False)  # yours wins
-    assert not fitting.from_parameters("text", base, cluster=h100).enforce_eager  # no sample size given: unknown
-
-    def never():
-        raise AssertionError("the sample is counted only for a run whose settings depend on it")
-
-    cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, sample_size=lambda: 309)
-    assert not fitting.from_parameters("text", base | {"ENFORCE_EAGER": True}, cluster=h100, sample_size=never).one_process
+    assert not fitting.from_parameters("text", base, cluster=h100).enforce_eager  # no rows given: unknown
+    cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, input_rows=309)
     assert cpu.enforce_eager and "enforce_eager" not in dict(cpu.reasons)  # a CPU runs eagerly anyway
+
+
+def test_a_run_is_fitted_to_the_rows_counted_before_reading(repo, smollm2_path, tmp_path):
+    """The plan sizes the input before it fits the preset: your own input whose rows are counted (a
+    CSV read whole, parquet footers, a folder of images) is a short run where it is small, as the
+    bundled samples are; an estimate is not a count."""
+    import pandas as pd
+
+    from helpers import classify, data
+
+    nb = json.loads((repo / "notebooks" / "text_classification.ipynb").read_text())
+    namespace: dict = {}
+    exec("".join(next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))["source"]), namespace)
+    p = {k: v for k, v in namespace.items() if k.isupper()} | {"PRESET": "text-cpu-offline",
+                                                                "MODEL_SOURCE": str(smollm2_path)}
+    rows = pd.read_csv(data.sample_customers_path())
+    rows.head(50).to_csv(tmp_path / "fifty.csv", index=False)
+    (tmp_path / "parts").mkdir()
+    for n in range(3):  # 3 files: their rows are estimated from the first (60 in all, as it happens)
+        rows.iloc[20 * n:20 * (n + 1)].to_csv(tmp_path / "parts" / f"part-{n}.csv", index=False)
+
+    def fitted(path):
+        return classify.plan({**p, "INPUT_PATH": str(path), "OUTPUT_DIR": str(tmp_path / "out")})
+
+    fifty = fitted(tmp_path / "fifty.csv")
+    assert fifty.input_size.rows == 50 and fifty.config.one_process
+    assert dict(fifty.config.reasons)["distributed_executor_backend"].startswith("50 rows (at most 100)")
+    parts = fitted(tmp_path / "parts")
+    assert parts.input_size.estimated and parts.input_size.rows <= 100 and not parts.config.one_process
+    assert not fitted(data.sample_customers_path()).config.one_process  # 309 rows: over 100
 
 
 def test_the_bundled_samples_are_counted_as_they_are():
@@ -539,7 +576,7 @@ def test_a_short_cpu_run_runs_the_model_in_vllms_engine_process(smollm2_path):
     base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
 
     def run_config(task, sample, **given):
-        return fitting.from_parameters(task, {**base, **given}, sample_size=lambda: sample)
+        return fitting.from_parameters(task, {**base, **given}, input_rows=sample)
 
     def backend(task, sample, **given):
         return run_config(task, sample, **given).engine_kwargs().get("distributed_executor_backend")
@@ -548,7 +585,7 @@ def test_a_short_cpu_run_runs_the_model_in_vllms_engine_process(smollm2_path):
     assert backend("text", 309, LIMIT=100) == backend("text", 309, LIMIT=12) == presets.CPU_EXECUTOR
     assert backend("text", 309, LIMIT=101) is None
     assert backend("vision", 24) == presets.CPU_EXECUTOR and backend("vision", 31) is None
-    assert backend("vision", 24, INPUT_PATH="s3://bucket/images") is None  # your data: rows unknown
+    assert backend("vision", None, INPUT_PATH="s3://bucket/images") is None  # rows not counted: unknown
     assert backend("text", 309, LIMIT=12, PRESET="text-llama8b-l4") is None  # GPUs: Ray's choice
     short = base | {"LIMIT": 12}
     rows = {r["parameter"]: r for r in fitting.describe(run_config("text", 309, LIMIT=12), short)}
@@ -560,6 +597,40 @@ def test_a_short_cpu_run_runs_the_model_in_vllms_engine_process(smollm2_path):
     kwargs.pop("distributed_executor_backend")
     default = AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()
     assert Executor.get_class(default) is MultiprocExecutor
+
+
+def test_a_short_run_on_several_replicas_shares_its_batches_among_them():
+    """Ray Data hands a ready replica up to 2 x max_concurrent_batches batches: on an H100, 500 images
+    (32 batches) ran on one of two engines. A run of known rows on a fixed pool caps what one replica
+    holds at its share; long runs, one replica, an autoscaling pair and your MAX_CONCURRENT_BATCHES
+    keep Ray's rule."""
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0, "gpu_memory_gib": 79.6, "CPU": 16.0}
+    base = {name: None for name in fitting.PARAMETER_FIELDS} | {
+        "PRESET": "auto", "INPUT_PATH": "/data/images", "LIMIT": 500, "MODEL_SOURCE": presets.QWEN_VL_3B,
+        "MAX_MODEL_LEN": 1024}
+
+    def run_config(**given):
+        return fitting.from_parameters("vision", {**base, **given}, cluster=h100)
+
+    short = run_config()
+    assert (short.concurrency, short.batch_size) == (2, 16)  # two engines share the GPU: 32 batches
+    assert (short.max_tasks_in_flight_per_actor, short.max_concurrent_batches) == (16, 16)
+    assert 2 * run_config(LIMIT=None).max_concurrent_batches >= 32  # Ray's rule: one replica takes all 32
+    rows = {r["parameter"]: r for r in fitting.describe(short, base)}
+    assert rows["max_tasks_in_flight_per_actor"]["value"] == "16"
+    assert rows["max_tasks_in_flight_per_actor"]["why"].startswith("500 rows make 32 batches of 16: at most 16 ")
+    assert rows["MAX_CONCURRENT_BATCHES"]["why"].startswith("at most the 16 batches")
+    long = run_config(LIMIT=10_000)
+    assert long.max_tasks_in_flight_per_actor is None and long.max_concurrent_batches > 16
+    assert "max_tasks_in_flight_per_actor" not in {r["parameter"] for r in fitting.describe(long, base)}
+    assert run_config(LIMIT=None).max_tasks_in_flight_per_actor is None  # your data, rows unknown
+    assert run_config(MAX_CONCURRENT_BATCHES=8).max_tasks_in_flight_per_actor is None  # yours wins
+    assert run_config(CONCURRENCY=(1, 2)).max_tasks_in_flight_per_actor is None  # autoscaling: Ray's
+    assert run_config(CONCURRENCY=1).max_tasks_in_flight_per_actor is None
+    few = run_config(LIMIT=40, CONCURRENCY=4)  # 3 batches for 4 replicas: one each at most
+    assert (few.max_tasks_in_flight_per_actor, few.max_concurrent_batches) == (1, 1)
+    assert engine.batches_held_in_a_short_run(3, 4, batches=7) == 3  # ceil(7 / 3) < 2 x 4
+    assert engine.batches_held_in_a_short_run(3, 4, batches=24) is None  # 8 a replica: Ray's 2 x 4 is fine
 
 
 def test_auto_shares_a_gpu_by_what_was_measured():
