@@ -19,6 +19,8 @@
 #   bash benchmarks/on_gpu.sh vl3b-kit      # the kit against that raw side: auto (1 replica)
 #   bash benchmarks/on_gpu.sh vl3b-raw2     # warm-up (the kit with 2 replicas), then raw vLLM: 10,000 images
 #   bash benchmarks/on_gpu.sh vl3b-kit2     # the kit with 2 replicas on the GPU against that raw side
+#   bash benchmarks/on_gpu.sh vl3b-short    # 500 images on 2 engines: the kit, a control with Ray's rule, the kit
+#                                           # (SHORT_IMAGES=N: N images instead)
 #   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
 #   bash benchmarks/on_gpu.sh prep8b        # the offline text model and the 8B shape only
 #   bash benchmarks/on_gpu.sh text8b-1m-kit # the kit's notebook on 1,000,000 prompts (auto), its cells' times
@@ -30,6 +32,8 @@
 # the machine's start and the stack's staging included, held the kit's 1,000,000 prompts and raw
 # vLLM's first 100,000 of them, not raw vLLM on all 1,000,000):
 #   setsid bash -c 'for s in prep8b text8b-1m-kit text8b-1m-raw; do RAW_ROWS=100000 OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# 2026-11-26 ran vl3b-short detached on a fresh machine after the stack's install, then again with
+# SHORT_IMAGES=2000 (OUT=/root/res2), each polled by later calls.
 # Before 2026-11-24 (second round) text8b-3 ran 3 replicas at 50,000 prompts, both sides.
 #
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
@@ -108,6 +112,38 @@ print(b.text_input(100_000, Path('$work/profile')))"
     vl3b-raw2) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 200 -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
     vl3b-kit) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" ;;
     vl3b-kit2) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
+    # A short run on two engines: 500 images (32 batches of 16; SHORT_IMAGES), the kit's defaults (each replica holds
+    # at most its share, 16), then the control with MAX_CONCURRENT_BATCHES=72 given (Ray's rule: a
+    # ready replica takes up to 144), then the kit again; each run's batch lines per engine process
+    # (Ray Data LLM's "Elapsed time for batch" in the worker logs) and its settings table's rows.
+    vl3b-short) python3 - "$work/short-${SHORT_IMAGES:-500}" "$qwen" "${SHORT_IMAGES:-500}" <<'PY'
+import collections, json, re, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import bench_pipeline as b
+work, qwen, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+images = b.image_input(count, work, "small")
+for name, extra in (("kit", {}), ("control", {"MAX_CONCURRENT_BATCHES": 72}), ("kit-again", {})):
+    params = {**b.run_settings("vision", {"MODEL_SOURCE": qwen, "REPLICAS_PER_GPU": 2, **extra}),
+              "INPUT_PATH": str(images), "INPUT_FORMAT": "images"}
+    timing, folder, seen = b.kit_timing("vlm_captioning", params, work / name)
+    batches = collections.Counter()
+    for log in b.ray_logs():
+        if log.name.startswith("worker-") and log.suffix in (".out", ".err"):
+            found = len(re.findall(r"Elapsed time for batch", log.read_text(errors="replace")))
+            if found:
+                batches[log.name] = found
+    executed = (folder / "vlm_captioning.ipynb").read_text()
+    table = sorted(set(re.findall(r"(max_tasks_in_flight_per_actor|MAX_CONCURRENT_BATCHES)[^\\]{0,160}", executed)))
+    summary = json.loads((folder / "summary.json").read_text())
+    busy, memory, samples = seen["gpu"]
+    print(f"{name}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, captioned "
+          f"{summary.get('captioned')}, batch lines per engine process {dict(batches)}, GPU busy "
+          f"{busy:.0f}% over the results' span ({samples} samples), memory up to {memory:.1f} GiB", flush=True)
+    for row in table:
+        print(f"  settings: {row}", flush=True)
+PY
+    ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
     prep8b) python3 -c "
 from helpers import models
