@@ -70,10 +70,11 @@ ID_OF = {"webdataset": "its shard and key", "images": "its file path",
          "parquet": "its file and its row in that file"}
 
 
-def source_id_column(input_format: str, id_column: str | None) -> str | None:
+def source_id_column(input_format: str, id_column: str | None) -> str:
     """The column that identifies a row in the *source* data, as read (what resuming keys on):
-    shard + key in webdatasets, the file path in folders, ``id_column`` in parquet (or None)."""
-    return {"webdataset": SAMPLE_ID, "images": "path", "parquet": id_column}[input_format]
+    shard + key in webdatasets, the file path in folders, ``id_column`` in parquet, else Ray's
+    :data:`ROW_HASH` of the row's file and position (the same every run over the same files)."""
+    return {"webdataset": SAMPLE_ID, "images": "path", "parquet": id_column or ROW_HASH}[input_format]
 
 
 def relative_shard(url: str, root: str) -> str:
@@ -266,8 +267,8 @@ def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None,
         ids = [f"{int(h):016x}" for h in batch[ROW_HASH]]
     sources = [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)]
     out = image_rows(ids, sources, pairs)
-    if id_column:
-        out[id_column] = batch[id_column].to_numpy()
+    kept = id_column or ROW_HASH  # the source's id, as read: what resuming keys on
+    out[kept] = batch[kept].to_numpy()
     return out
 
 

@@ -245,6 +245,7 @@ def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_
     })
     out = image_data._from_parquet(batch, "image", None, root=str(tmp_path))
     assert out[ROW_ID].tolist() == [f"{h:016x}" for h in (11, 12, 13, 14, 15)]
+    assert out[image_data.ROW_HASH].tolist() == [11, 12, 13, 14, 15]  # kept: resuming keys on it
     assert out[image_data.IMAGE_BYTES].tolist()[:3] == [files["astronaut"], files["moon"], files["coins"]]
     assert out[REJECT_REASON].tolist()[:3] == ["", "", ""]
     assert out[REJECT_REASON][3] == "the image file 'images/missing.jpg' this row names could not be read (FileNotFoundError)"

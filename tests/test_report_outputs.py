@@ -229,6 +229,43 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
     assert sorted(ids, key=int) == [str(i) for i in range(20)]  # each row once
 
 
+def test_parquet_images_without_an_id_column_resume_on_rays_row_hash(local_ray, tmp_path):
+    """Without ID_COLUMN a parquet row is resumed by Ray's row_hash (its file and its position
+    there), which the read keeps: the rows an interrupted run committed are skipped at the read, the
+    rest are written once, identical images included (two rows, two hashes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    from helpers import image_data, sample_images
+
+    files = list(sample_images.sample_files().items())[:5]
+    (tmp_path / "pq").mkdir()
+    for n in range(2):  # the same five images in two files: ten rows
+        pd.DataFrame({"image": [{"bytes": b, "path": f"{k}.jpg"} for k, b in files]}).to_parquet(
+            tmp_path / "pq" / f"train-{n}.parquet")
+    key = image_data.source_id_column("parquet", None)
+    assert key == image_data.ROW_HASH
+    hashes = ray.data.read_parquet(str(tmp_path / "pq"), include_row_hash=True).to_pandas()[key]
+    assert hashes.nunique() == 10
+
+    settings = {"model": "m"}
+    out = tmp_path / "o"
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
+    parts, checkpoint = Path(run.parts("results").path), Path(run.checkpoint("results").path)
+    parts.mkdir(parents=True)
+    checkpoint.mkdir(parents=True)
+    done = pa.table({key: pa.array(hashes[:4].to_numpy())})  # an interrupted run committed 4 rows
+    pq.write_table(done, parts / "done_000000_000000.parquet")
+    pq.write_table(done, checkpoint / "done.parquet")
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
+    assert run.message.startswith("resuming")
+    ds = image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="image")
+    written = run.write(ds.select_columns([key, "row_id"]), "results", id_column=key, num_cpus=0.5)
+    assert (written.rows_before, written.rows) == (4, 6)
+    assert sorted(pq.read_table(parts).column(key).to_pylist()) == sorted(hashes.tolist())  # each row once
+
+
 def interrupted_run(out, settings):
     output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
     (out / outputs.PARTS / "classified").mkdir(parents=True)
