@@ -199,6 +199,27 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
     assert not (legacy / outputs.PARTS).exists() and len(list((legacy / outputs.EARLIER).glob("*/parts"))) == 1
 
 
+def _interrupted_with(out: Path, committed, pending=None):
+    """``out`` as a run left it: ``committed`` (a table) written and its checkpoint committed, and
+    ``pending`` written with its checkpoint still pending (killed in between); then claimed again to
+    resume. The run's outputs and its results folder."""
+    import pyarrow.parquet as pq
+
+    settings = {"model": "m"}
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
+    parts, checkpoint = Path(run.parts("results").path), Path(run.checkpoint("results").path)
+    parts.mkdir(parents=True)
+    checkpoint.mkdir(parents=True)
+    pq.write_table(committed, parts / "done_000000_000000.parquet")
+    pq.write_table(committed, checkpoint / "done.parquet")
+    if pending is not None:
+        pq.write_table(pending, parts / "killed_000000_000000.parquet")
+        pq.write_table(pending, checkpoint / "killed.pending.parquet")
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
+    assert run.message.startswith("resuming")
+    return run, parts
+
+
 def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_counts_what_survived(local_ray, tmp_path):
     """Killed between a part file and its checkpoint commit, a run leaves that part with a pending
     checkpoint; resuming, Ray deletes the part (its rows are not done) and the kit's count of the
@@ -207,19 +228,9 @@ def test_a_resume_after_ray_recovered_a_write_killed_before_its_checkpoint_count
     import pyarrow.parquet as pq
     import ray
 
-    settings = {"model": "m"}
-    out = tmp_path / "o"
-    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
-    parts, checkpoint = Path(run.parts("results").path), Path(run.checkpoint("results").path)
-    parts.mkdir(parents=True)
-    checkpoint.mkdir(parents=True)
     # Rows 0-9: written and committed. Rows 10-14: written, checkpoint still pending (the kill).
-    pq.write_table(pa.table({"id": [str(i) for i in range(10)]}), parts / "done_000000_000000.parquet")
-    pq.write_table(pa.table({"id": [str(i) for i in range(10)]}), checkpoint / "done.parquet")
-    pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), parts / "killed_000000_000000.parquet")
-    pq.write_table(pa.table({"id": [str(i) for i in range(10, 15)]}), checkpoint / "killed.pending.parquet")
-    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
-    assert run.message.startswith("resuming")
+    run, parts = _interrupted_with(tmp_path / "o", pa.table({"id": [str(i) for i in range(10)]}),
+                                   pa.table({"id": [str(i) for i in range(10, 15)]}))
     pq.write_table(pa.table({"id": [str(i) for i in range(20)]}), tmp_path / "source.parquet")
     ds = ray.data.read_parquet(str(tmp_path / "source.parquet"))  # Ray's checkpoint filter follows a read
     written = run.write(ds, "results", id_column="id", num_cpus=0.5)
@@ -249,17 +260,8 @@ def test_parquet_images_without_an_id_column_resume_on_rays_row_hash(local_ray, 
     hashes = ray.data.read_parquet(str(tmp_path / "pq"), include_row_hash=True).to_pandas()[key]
     assert hashes.nunique() == 10
 
-    settings = {"model": "m"}
-    out = tmp_path / "o"
-    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
-    parts, checkpoint = Path(run.parts("results").path), Path(run.checkpoint("results").path)
-    parts.mkdir(parents=True)
-    checkpoint.mkdir(parents=True)
-    done = pa.table({key: pa.array(hashes[:4].to_numpy())})  # an interrupted run committed 4 rows
-    pq.write_table(done, parts / "done_000000_000000.parquet")
-    pq.write_table(done, checkpoint / "done.parquet")
-    run = output_dir.prepare_output_dir(str(out), resume=True, settings=settings)
-    assert run.message.startswith("resuming")
+    # An interrupted run committed 4 rows.
+    run, parts = _interrupted_with(tmp_path / "o", pa.table({key: pa.array(hashes[:4].to_numpy())}))
     ds = image_data.read_images(str(tmp_path / "pq"), "parquet", image_column="image")
     written = run.write(ds.select_columns([key, "row_id"]), "results", id_column=key, num_cpus=0.5)
     assert (written.rows_before, written.rows) == (4, 6)
