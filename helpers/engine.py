@@ -153,7 +153,7 @@ def batches_held_in_a_short_run(concurrency: int | list[int] | tuple[int, int], 
     share: ``ceil(batches / replicas)`` where that is fewer than :func:`blocks_held_per_replica`.
     None (Ray's own rule) for one replica, an autoscaling pool, or a run with enough batches."""
     low, high = actor_pool(concurrency)
-    share = math.ceil(batches / high)
+    share = max(1, math.ceil(batches / high))  # an empty input still gets a valid setting
     return share if low == high > 1 and share < blocks_held_per_replica(max_concurrent_batches) else None
 
 

@@ -631,6 +631,7 @@ def test_a_short_run_on_several_replicas_shares_its_batches_among_them():
     assert (few.max_tasks_in_flight_per_actor, few.max_concurrent_batches) == (1, 1)
     assert engine.batches_held_in_a_short_run(3, 4, batches=7) == 3  # ceil(7 / 3) < 2 x 4
     assert engine.batches_held_in_a_short_run(3, 4, batches=24) is None  # 8 a replica: Ray's 2 x 4 is fine
+    assert engine.batches_held_in_a_short_run(2, 4, batches=0) == 1  # an empty input: Ray needs at least 1
 
 
 def test_auto_shares_a_gpu_by_what_was_measured():
