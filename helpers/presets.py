@@ -62,10 +62,10 @@ class Preset:
     gpu_memory_gib: float | None = None
     #: A CPU engine that runs the model in vLLM's engine-core process (:data:`CPU_EXECUTOR`), not in a
     #: worker process of its own: ~18 s sooner to start on 2 cores, slower to compute; for short runs
-    #: only, decided in :func:`helpers.fitting.from_parameters`.
+    #: only, decided in :func:`helpers.short_runs.fit`.
     one_process: bool = False
     #: Batches Ray Data hands one replica at once; None: Ray's 2 x max_concurrent_batches. Set for a
-    #: short run on several replicas (:func:`helpers.fitting.share_short_runs`).
+    #: short run on several replicas (:func:`helpers.short_runs.share_batches`).
     max_tasks_in_flight_per_actor: int | None = None
     description: str = ""
     #: For presets chosen by ``"auto"``: (field, why this value) pairs, shown in the settings table.

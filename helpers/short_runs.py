@@ -35,18 +35,20 @@ def known_rows(parameters: Mapping[str, Any], input_rows: int | None) -> int | N
 
 def fit(preset: Preset, rows: int | None, given: Collection[str] = ()) -> Preset:
     """``preset`` for a run of ``rows`` known rows (None: not known, nothing changes); fields you
-    ``given`` (their preset names) are kept. Each change adds its reason to the settings table."""
+    ``given`` (their preset names) are kept. Each change adds its reason to the settings table; the
+    batches are shared only on a fixed pool of several replicas (:func:`share_batches`)."""
     if rows is None:
         return preset
-    low, high = engine.actor_pool(preset.concurrency)
-    if "max_concurrent_batches" not in given and low == high > 1:
+    if "max_concurrent_batches" not in given:
         preset = share_batches(preset, rows)
-    if preset.accelerator_type and not preset.enforce_eager and "enforce_eager" not in given and rows <= SHORT_RUN_ROWS:
+    eager = preset.enforce_eager or "enforce_eager" in given
+    if preset.accelerator_type and not eager and rows <= SHORT_RUN_ROWS:
         why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
                "capture, so the engine runs eagerly")
         preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
     most = ONE_PROCESS_ROWS[preset.task]
-    if not preset.accelerator_type and preset.tensor_parallel_size == preset.pipeline_parallel_size == 1 and rows <= most:
+    one_device = preset.tensor_parallel_size == preset.pipeline_parallel_size == 1
+    if not preset.accelerator_type and one_device and rows <= most:
         why = (f"{rows:,} rows (at most {most}): the model runs in vLLM's engine process, which starts "
                "sooner and computes more slowly than a worker process of its own")
         preset = preset.override(one_process=True, reasons=(*preset.reasons, ("distributed_executor_backend", why)))
@@ -63,11 +65,13 @@ def share_batches(preset: Preset, rows: int) -> Preset:
     if share is None:
         return preset
     others = engine.max_replicas(preset.concurrency) - 1
-    why = (f"{rows:,} rows make {batches} batch{'es' if batches > 1 else ''} of {preset.batch_size}: at most {share} to a replica at once, so "
-           f"the replica ready first leaves {'the other one its' if others == 1 else f'the other {others} their'} share")
+    leaves = "the other one its" if others == 1 else f"the other {others} their"
+    why = (f"{rows:,} rows make {batches} batch{'es' if batches > 1 else ''} of {preset.batch_size}: at most "
+           f"{share} to a replica at once, so the replica ready first leaves {leaves} share")
     reasons = [("max_tasks_in_flight_per_actor", why)]
     if share < preset.max_concurrent_batches:
-        reasons.append(("max_concurrent_batches", f"at most the {share} batch{'es' if share > 1 else ''} a replica holds at once in this run"))
+        held = f"at most the {share} batch{'es' if share > 1 else ''} a replica holds at once in this run"
+        reasons.append(("max_concurrent_batches", held))
     return preset.override(max_tasks_in_flight_per_actor=share,
                            max_concurrent_batches=min(share, preset.max_concurrent_batches),
                            reasons=(*preset.reasons, *reasons))
