@@ -220,7 +220,8 @@ def ray_logs() -> list[Path]:
 
 
 class GpuSampler:
-    """``nvidia-smi`` every ``every_s`` seconds in a thread: (time, utilisation %, memory used MiB)."""
+    """``nvidia-smi`` every ``every_s`` seconds in a thread: (time, GPU index, utilisation %, memory
+    used MiB), one sample per GPU, so that each GPU is read on its own (never averaged over GPUs)."""
 
     def __init__(self, every_s: float = 0.5):
         import shutil
@@ -233,12 +234,13 @@ class GpuSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
-                rows = [line.split(",") for line in out.stdout.strip().splitlines()]
-                self.samples.append((time.time(), sum(float(r[0]) for r in rows) / len(rows),
-                                     sum(float(r[1]) for r in rows)))
-            except (subprocess.SubprocessError, ValueError, IndexError, ZeroDivisionError):
+                now = time.time()
+                for line in out.stdout.strip().splitlines():
+                    index, busy, memory = (part.strip() for part in line.split(","))
+                    self.samples.append((now, int(index), float(busy), float(memory)))
+            except (subprocess.SubprocessError, ValueError, IndexError):
                 pass
             self._stop.wait(self.every_s)
 
@@ -252,12 +254,22 @@ class GpuSampler:
         if self._thread:
             self._thread.join()
 
-    def busy(self, start: float, end: float) -> tuple[float, float, int]:
-        """Mean utilisation (%) and peak memory (GiB) between ``start`` and ``end``, and the samples."""
-        inside = [(u, m) for t, u, m in self.samples if start <= t <= end]
-        if not inside:
-            return float("nan"), float("nan"), 0
-        return sum(u for u, _ in inside) / len(inside), max(m for _, m in inside) / 1024, len(inside)
+    def busy(self, start: float, end: float) -> dict[int, tuple[float, float, int]]:
+        """Per GPU (by index): its mean utilisation (%), its peak memory (GiB) and its samples between
+        ``start`` and ``end``; a GPU without samples there is left out ({} for none)."""
+        found: dict[int, list[tuple[float, float]]] = {}
+        for t, index, u, m in self.samples:
+            if start <= t <= end:
+                found.setdefault(index, []).append((u, m))
+        return {index: (sum(u for u, _ in seen) / len(seen), max(m for _, m in seen) / 1024, len(seen))
+                for index, seen in sorted(found.items())}
+
+
+def gpu_lines(per_gpu: dict[int, tuple[float, float, int]]) -> list[str]:
+    """One line per GPU for :meth:`GpuSampler.busy`'s result: never a mean over GPUs, which would hide
+    a GPU that idles (a one-GPU run on a two-GPU machine read "43% busy" averaged, its GPU 78-92%)."""
+    return [f"GPU{index}: {busy:.0f}% busy (mean of {samples} nvidia-smi samples), memory used up to {memory:.1f} GiB"
+            for index, (busy, memory, samples) in per_gpu.items()]
 
 
 def result_window(folder: Path) -> tuple[float, float]:
@@ -564,11 +576,9 @@ def report(title: str, run: Measured, kit: dict[str, Any], ids: list[str], confi
         if "output_tokens" in tokens and timing and not math.isnan(timing):
             print(f"{side} tokens/s in steady state: {tokens['output_tokens'] / timing:,.0f} generated, "
                   f"{(tokens['input_tokens'] + tokens['output_tokens']) / timing:,.0f} in all")
-    gpu_lines = [(side, seen["gpu"]) for side, seen in (("raw", raw), ("kit", run.kit_seen)) if seen.get("gpu")]
-    for side, (busy, memory, samples) in gpu_lines:
-        if samples:
-            print(f"{side} GPU busy in steady state: {busy:.0f}% (mean of {samples} nvidia-smi samples), "
-                  f"memory used up to {memory:.1f} GiB")
+    for side, seen in (("raw", raw), ("kit", run.kit_seen)):
+        for line in gpu_lines(seen.get("gpu") or {}):
+            print(f"{side} in steady state, {line}")
     print(kv_report(raw.get("kv_cache_tokens") or [], run.kit_seen.get("kv_cache_tokens") or [], config, raw_config,
                     model))
     print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in run.kit_seen.get("cells", [])))

@@ -1,23 +1,29 @@
-"""A compact GPU timeline for a benchmark step: ``nvidia-smi`` samples summarised per 10 s, beside the
-moments the engines reported (vLLM's and Ray Data's own log lines) and the kit's result files.
+"""A compact GPU timeline for a benchmark step: ``nvidia-smi`` samples summarised per 10 s, one column
+per GPU (never averaged over the GPUs), beside the moments the engines reported (vLLM's and Ray
+Data's own log lines) and the kit's result files.
 
-``benchmarks/on_gpu.sh`` samples the GPU once a second for each step::
+``benchmarks/on_gpu.sh`` samples every GPU once a second for each step::
 
-    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1
+    nvidia-smi --query-gpu=index,timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1
 
 and runs this afterwards::
 
     python3 benchmarks/gpu_timeline.py SAMPLES.csv [--logs FOLDER] [--results FOLDER ...]
 
-Prints one line per 10 s (mean % busy, the most memory in use), then the engines' events (weights
+Prints one line per 10 s with each GPU's mean % busy and the most memory it held, then each GPU's
+busy share over the span of the result files (the steady state), the engines' events (weights
 loaded, KV cache sized, CUDA graphs captured, engine ready) and the first and last result file, each
 at its second from the first sample, so that idle stretches can be put beside what happened then.
+Older logs without ``index`` (one GPU: ``timestamp,utilization.gpu,memory.used``) read as GPU 0.
+An average over the GPUs would hide a GPU that idles: a one-GPU run on a two-GPU machine read
+"43% busy" averaged where its GPU was 78-92% busy.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import re
 from pathlib import Path
 
@@ -30,30 +36,59 @@ VLLM_TIME = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG)\s+(\d\d-\d\d \d\d:\d\d:\d\
 PID = re.compile(r"\((\w+) pid=(\d+)")
 
 
-def samples(path: Path) -> list[tuple[float, float, float]]:
-    """(unix time, % busy, MiB used) per sample line."""
+Sample = tuple[float, int, float, float]  # (unix time, GPU index, % busy, MiB used)
+
+
+def samples(path: Path) -> list[Sample]:
+    """(unix time, GPU index, % busy, MiB used) per sample line: ``index,timestamp,util,memory``, or
+    ``timestamp,util,memory`` from logs written before the index was asked for (GPU 0)."""
     out = []
     for line in path.read_text().splitlines():
         parts = [p.strip() for p in line.split(",")]
         try:
+            index = 0
+            if len(parts) >= 4 and parts[0].isdigit():
+                index, parts = int(parts[0]), parts[1:]
             when = dt.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
-            out.append((when, float(parts[1]), float(parts[2])))
+            out.append((when, index, float(parts[1]), float(parts[2])))
         except (ValueError, IndexError):
             continue
     return out
 
 
-def per_window(rows: list[tuple[float, float, float]], width: float = 10) -> list[str]:
+def gpus(rows: list[Sample]) -> list[int]:
+    """The GPU indices the samples cover, in order."""
+    return sorted({index for _, index, _, _ in rows})
+
+
+def per_gpu(rows: list[Sample], start: float, end: float) -> dict[int, tuple[float, float, int]]:
+    """Each GPU's own mean % busy, most memory in use (GiB) and sample count between ``start`` and
+    ``end`` (inclusive); a GPU with no sample there is left out. Never a mean over GPUs."""
+    found: dict[int, list[tuple[float, float]]] = {}
+    for when, index, busy, memory in rows:
+        if start <= when <= end:
+            found.setdefault(index, []).append((busy, memory))
+    return {index: (sum(b for b, _ in seen) / len(seen), max(m for _, m in seen) / 1024, len(seen))
+            for index, seen in sorted(found.items())}
+
+
+def per_gpu_line(stats: dict[int, tuple[float, float, int]]) -> str:
+    """``GPU0  85% 41.0 GiB | GPU1 ...``: one column per GPU."""
+    return " | ".join(f"GPU{index} {busy:4.0f}% {memory:5.1f} GiB" for index, (busy, memory, _) in stats.items())
+
+
+def per_window(rows: list[Sample], width: float = 10) -> list[str]:
+    """One line per ``width`` seconds: each GPU's mean busy and most memory, a column per GPU."""
     if not rows:
         return ["no nvidia-smi samples"]
-    start = rows[0][0]
+    start, last = min(r[0] for r in rows), max(r[0] for r in rows)
     lines = []
     window = 0
-    while start + window * width <= rows[-1][0]:
-        inside = [(u, m) for t, u, m in rows if start + window * width <= t < start + (window + 1) * width]
+    while start + window * width <= last:
+        # Half-open windows, so that a sample on a boundary counts once.
+        inside = [r for r in rows if start + window * width <= r[0] < start + (window + 1) * width]
         if inside:
-            lines.append(f"{window * width:6.0f}s {sum(u for u, _ in inside) / len(inside):5.0f}% busy "
-                         f"{max(m for _, m in inside) / 1024:6.1f} GiB")
+            lines.append(f"{window * width:6.0f}s  {per_gpu_line(per_gpu(inside, -math.inf, math.inf))}")
         window += 1
     return lines
 
@@ -83,27 +118,45 @@ def events(folder: Path, year: int, start: float) -> list[str]:
     return [text for _, text in sorted(set(found))]
 
 
+def result_span(folders: list[Path], since: float = -math.inf) -> tuple[float, float] | None:
+    """From the first to the last result file in ``folders`` written after ``since`` (unix times;
+    earlier runs' files, kept in the same folders, are left out); None without any."""
+    times = [t for folder in folders for p in folder.rglob("*.parquet")
+             if "results" in p.parts and (t := p.stat().st_mtime) >= since]
+    return (min(times), max(times)) if times else None
+
+
 def result_files(folders: list[Path], start: float) -> list[str]:
     lines = []
     for folder in folders:
-        times = sorted(p.stat().st_mtime for p in folder.rglob("*.parquet") if "results" in p.parts)
+        times = sorted(t for p in folder.rglob("*.parquet")
+                       if "results" in p.parts and (t := p.stat().st_mtime) >= start - 5)  # this step's
         if times:
             lines.append(f"{folder.name}: {len(times)} result files, first at {times[0] - start:.0f}s, "
                          f"last at {times[-1] - start:.0f}s")
     return lines
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("samples", type=Path)
     parser.add_argument("--logs", type=Path, action="append", default=[])
     parser.add_argument("--results", type=Path, action="append", default=[])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = samples(args.samples)
-    print(f"== GPU timeline ({len(rows)} samples, 1 s apart; per 10 s: mean busy, most memory in use)")
+    seen = gpus(rows)
+    print(f"== GPU timeline ({len(rows)} samples of {len(seen)} GPU(s) {seen}, 1 s apart; per 10 s and per GPU, "
+          f"never averaged over GPUs: mean busy, most memory in use)")
     print("\n".join(per_window(rows)))
     if rows:
-        start = rows[0][0]
+        start = min(r[0] for r in rows)
+        span = result_span([f for f in args.results if f.exists()], since=start - 5)
+        if span and span[1] > span[0]:
+            steady = per_gpu(rows, *span)
+            print(f"== per GPU from the first to the last result file ({span[0] - start:.0f}s to {span[1] - start:.0f}s; "
+                  f"{', '.join(f'GPU{i} {n} samples' for i, (_, _, n) in steady.items())}):")
+            print("\n".join(f"GPU{index}: {busy:.0f}% busy, up to {memory:.1f} GiB"
+                            for index, (busy, memory, _) in steady.items()))
         year = dt.datetime.fromtimestamp(start).year
         for folder in args.logs:
             if folder.exists():

@@ -28,6 +28,20 @@
 #                                           # (text8b-1m-kit.ray.txt, text8b-1m-kit.raylogs.tgz)
 #   RAW_ROWS=N bash benchmarks/on_gpu.sh text8b-1m-raw  # raw vLLM on the first N of those prompts, compared
 #                                           # row by row with the kit's answers to them
+# Several GPUs of one host: the kit alone, `PRESET="auto"`, each run on the GPUs it names through
+# CUDA_VISIBLE_DEVICES (the rest of the machine's GPUs idle, and shown so in the per-GPU timeline):
+#   bash benchmarks/on_gpu.sh prep70b       # the offline text model, the 8B and the Llama-3.1-70B shapes
+#   bash benchmarks/on_gpu.sh text8b-warm   # 2,000 prompts on GPU 0 (compiles the 8B engine once; not a measurement)
+#   bash benchmarks/on_gpu.sh text8b-gpus1  # 100,000 prompts (ROWS), 8B shape, on GPU 0
+#   bash benchmarks/on_gpu.sh text8b-gpus2  # the same on GPUs 0,1
+#   bash benchmarks/on_gpu.sh text8b-gpus4  # the same on GPUs 0,1,2,3 (text8b-gpusN: the first N GPUs)
+#   bash benchmarks/on_gpu.sh text70b-tp4   # 10,000 prompts (ROWS), 70B shape, GPUs 0-3: "auto" fits tp=4 x 1
+#   bash benchmarks/on_gpu.sh text70b-fp8-tp2  # 10,000 prompts (ROWS), 70B shape, the preset text-llama70b-a100-fp8
+#                                           # on GPUs 0,1 (ACCELERATOR_TYPE H100, CONCURRENCY 1: tp=2 x 1, fp8)
+# Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
+# over the results' span (never averaged over GPUs), vLLM's KV cache per engine beside the kit's
+# estimate, and the settings table as the notebook's plan made it (what auto chose, and why).
+# tp=2 x 2 in 16 bits is not among them: no notebook parameter sets tensor_parallel_size.
 # 2026-11-25 ran these, back to back on one machine, with no warm-up (the 30 minutes of GPU time,
 # the machine's start and the stack's staging included, held the kit's 1,000,000 prompts and raw
 # vLLM's first 100,000 of them, not raw vLLM on all 1,000,000):
@@ -51,18 +65,77 @@ llama="random-weights:unsloth/Llama-3.1-8B-Instruct"
 qwen="random-weights:Qwen/Qwen2.5-VL-3B-Instruct"
 export VLLM_LOGGING_LEVEL=INFO
 bench() { python3 benchmarks/bench_pipeline.py "$@"; }
+llama70="random-weights:meta-llama/Llama-3.1-70B-Instruct"
+# The kit's text notebook alone on ROWS prompts (one input per row count, made once under $work), timed
+# through bench_pipeline's own functions; then the plan the notebook made for the same parameters.
+#   kit_alone FOLDER MODEL ROWS '{"NAME": value, ...}'   (notebook parameters beyond the benchmark's)
+kit_alone() { python3 - "$@" <<'PY'
+import json, os, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import bench_pipeline as b
+work, model, rows, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+settings = b.run_settings("text", {"MODEL_SOURCE": model, **extra})
+csv = work.parent / f"input-{rows}" / "companies.csv"
+if not csv.exists():
+    b.text_input(rows, csv.parent)
+print(f"kit alone, {rows:,} prompts of {csv}, CUDA_VISIBLE_DEVICES={devices}, parameters {settings}", flush=True)
+timing, folder, seen = b.kit_timing("text_classification", {**settings, "INPUT_PATH": str(csv)}, work)
+summary = json.loads((folder / "summary.json").read_text())
+written, rate = summary["rows written in this run"], summary["rows/s steady state"]
+print(f"RESULT {devices}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, steady state "
+      f"{timing.generate_s:.1f} s ({rate} rows/s; {summary['steady state']}); rows written {written} of {rows}")
+print("accounting: " + ", ".join(f"{k} {summary[k]}" for k in ("rows read", "rejected before the model", "classified",
+                                                                "engine errors", "postprocess errors") if k in summary)
+      + f"; checks {dict((k, v) for k, v in summary.items() if v is True or v is False)}")
+for line in b.gpu_lines(seen["gpu"]):
+    print(f"per GPU over the results' span, {line}")
+print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in seen["cells"]))
+# What the notebook's plan chose, for the same parameters on the same GPUs (the notebook's settings table).
+from helpers import classify, fitting, gpus, shapes
+params = {**b.run_notebooks.defaults("text_classification"), **settings, "INPUT_PATH": str(csv),
+          "OUTPUT_DIR": str(work / "plan-only")}
+plan = classify.plan(params)
+c = plan.config
+print(plan.describe())
+print(f"engine kwargs: {c.engine_kwargs()}; Ray pool {c.actor_pool}")
+for row in fitting.describe(c, plan.parameters):
+    print(f"  setting {row['parameter']} = {row['value']} ({row['from']}): {row['why']}")
+# vLLM's KV cache per engine beside the kit's estimate; each GPU's memory beside the kit's budget.
+shape = shapes.model_shape(plan.model_path)
+from helpers import cluster
+memory = cluster.visible_cluster().get("gpu_memory_gib")
+if memory is None or shape is None:
+    sys.exit(f"no GPU memory ({memory}) or model shape ({shape}) to compare the KV cache with")
+tp = c.tensor_parallel_size
+estimate = gpus.kv_cache_estimate(shape, memory, c.memory_share, tp)
+tokens = estimate / shape.kv_bytes_per_token * tp
+reported = seen["kv_cache_tokens"]
+print(f"KV cache per engine: vLLM reports {reported}; the kit estimates {tokens:,.0f} tokens "
+      f"({estimate / shapes.GIB:.1f} GiB per GPU)" + (f", {min(reported) / tokens:.2f}x to {max(reported) / tokens:.2f}x "
+                                                      "of it reported" if reported else ""))
+weights = shape.parameters * shapes.BYTES_PER_WEIGHT[c.quantization] / tp
+print(f"memory per GPU, the kit's plan: {c.replicas_per_gpu} engine(s) x gpu_memory_utilization {c.memory_share} of "
+      f"{memory:.1f} GiB = {c.replicas_per_gpu * c.memory_share * memory:.1f} GiB, of which weights "
+      f"{c.replicas_per_gpu * weights / shapes.GIB:.1f} GiB ({shape.parameters / 1e9:.2f}e9 weights / tp {tp}) "
+      f"and KV cache ~{c.replicas_per_gpu * estimate / shapes.GIB:.1f} GiB; measured: see the per-GPU lines above")
+PY
+}
 mkdir -p "$out"
 # A step cut by a time limit can leave an engine holding its share of the GPU: end those first.
 for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader); do
   echo "ending a leftover GPU process $pid"; kill -9 "$pid" 2>/dev/null || true
 done
 smi="$out/$step.smi.csv"
-nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$smi" &
+# One line per GPU and second (index first): gpu_timeline.py reads each GPU on its own, never averaged.
+nvidia-smi --query-gpu=index,timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$smi" &
 sampler=$!
 results=""
 set -o pipefail
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  echo "cores: $(nproc); CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}"
   date -u
   case "$step" in
     prep) python3 -c "
@@ -136,10 +209,9 @@ for name, extra in (("kit", {}), ("control", {"MAX_CONCURRENT_BATCHES": 72}), ("
     executed = (folder / "vlm_captioning.ipynb").read_text()
     table = sorted(set(re.findall(r"(max_tasks_in_flight_per_actor|MAX_CONCURRENT_BATCHES)[^\\]{0,160}", executed)))
     summary = json.loads((folder / "summary.json").read_text())
-    busy, memory, samples = seen["gpu"]
     print(f"{name}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, captioned "
-          f"{summary.get('captioned')}, batch lines per engine process {dict(batches)}, GPU busy "
-          f"{busy:.0f}% over the results' span ({samples} samples), memory up to {memory:.1f} GiB", flush=True)
+          f"{summary.get('captioned')}, batch lines per engine process {dict(batches)}; over the results' span: "
+          + "; ".join(b.gpu_lines(seen["gpu"])), flush=True)
     for row in table:
         print(f"  settings: {row}", flush=True)
 PY
@@ -167,8 +239,8 @@ rows = summary["rows written in this run"]
 print(f"kit, 1,000,000 prompts: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, "
       f"steady state {timing.generate_s:.1f} s ({summary['rows/s steady state']} rows/s; {summary['steady state']}); "
       f"rows written {rows}; whole minus pipeline {timing.whole_s - timing.pipeline_s:.1f} s")
-busy, memory, samples = seen["gpu"]
-print(f"kit GPU busy in steady state: {busy:.0f}% ({samples} samples), memory up to {memory:.1f} GiB")
+for line in b.gpu_lines(seen["gpu"]):
+    print(f"kit in steady state, {line}")
 print(f"kit KV cache per engine (vLLM's log): {seen['kv_cache_tokens']}")
 print(f"kit summary: {json.dumps(summary, default=str)[:3000]}")
 # Every cell's start, end and duration as papermill recorded them, and the end of its printed output.
@@ -244,9 +316,9 @@ print(f"raw vLLM, {rows:,} prompts ({name}): whole {timing.whole_s:.1f} s, pipel
       f"engine start {raw['start_s']:.1f} s")
 print(f"raw tokens/s in steady state: {raw['output_tokens'] / timing.generate_s:,.0f} generated, "
       f"{(raw['input_tokens'] + raw['output_tokens']) / timing.generate_s:,.0f} in all")
-busy, memory, samples = raw["gpu"]
-print(f"raw GPU busy in steady state: {busy:.0f}% ({samples} samples), memory up to {memory:.1f} GiB; "
-      f"KV cache {raw['kv_cache_tokens']}")
+for line in b.gpu_lines(raw["gpu"]):
+    print(f"raw in steady state, {line}")
+print(f"raw KV cache {raw['kv_cache_tokens']}")
 print(f"raw settings: {single.engine_kwargs()}")
 kit_folder = work / "text" / "kit" / "text_classification"
 predictions = pd.read_parquet(kit_folder / "predictions.parquet")
@@ -260,12 +332,29 @@ print(f"raw vs the kit's answers to the same {rows:,} prompts (the kit ran all 1
 sys.exit(0 if checked.ok else 1)
 PY
       ;;
+    prep70b) python3 -c "
+from helpers import models
+print(models.prepare_smollm2()); print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))
+print(models.prepare_random_weights('meta-llama/Llama-3.1-70B-Instruct'))" ;;
+    text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
+    text8b-gpus[1-9]) n=${step#text8b-gpus}
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/gpus$n "$llama" "${ROWS:-100000}" '{}' ;;
+    text70b-tp4) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-tp4 "$llama70" "${ROWS:-10000}" '{}' ;;
+    text70b-fp8-tp2) CUDA_VISIBLE_DEVICES=0,1 kit_alone $work/scale/70b-fp8 "$llama70" "${ROWS:-10000}" \
+      '{"PRESET": "text-llama70b-a100-fp8", "ACCELERATOR_TYPE": "H100", "CONCURRENCY": 1}' ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
 kill "$sampler" 2>/dev/null || true
 date -u | tee -a "$out/$step.log"
 # The timeline: per 10 s, beside the engines' log lines (the kit's: Ray's session; raw's: its log).
+case "$step" in
+  text8b-warm) timeline_results=(--results $work/scale/warm) ;;
+  text8b-gpus*) timeline_results=(--results $work/scale/gpus${step#text8b-gpus}) ;;
+  text70b-tp4) timeline_results=(--results $work/scale/70b-tp4) ;;
+  text70b-fp8-tp2) timeline_results=(--results $work/scale/70b-fp8) ;;
+  *) timeline_results=(--results $work/8b/text/kit --results $work/vl/caption/kit --results $work/1m/text/kit) ;;
+esac
 python3 benchmarks/gpu_timeline.py "$smi" --logs /tmp/ray/session_latest/logs --logs $work \
-  --results $work/8b/text/kit --results $work/vl/caption/kit --results $work/1m/text/kit 2>&1 | tee -a "$out/$step.log"
+  "${timeline_results[@]}" 2>&1 | tee -a "$out/$step.log"
 exit "${status:-0}"

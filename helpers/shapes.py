@@ -138,6 +138,12 @@ _LLAMA_31_8B = {  # unsloth/Llama-3.1-8B-Instruct's config.json (the same as met
     "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
 }
+_LLAMA_31_70B = {  # meta-llama/Llama-3.1-70B-Instruct's config.json, Hugging Face Hub (rope: as the 8B's)
+    "architecture": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "rope_parameters": dict(_LLAMA_31_8B["rope_parameters"]),
+}
 #: The tutorials' models as published: every dimension that decides memory and speed, copied from
 #: each model's ``config.json`` on the Hugging Face Hub (the source named beside each). Only
 #: ``vocab_size`` changes when the kit builds one with random weights: it takes the offline
@@ -145,6 +151,7 @@ _LLAMA_31_8B = {  # unsloth/Llama-3.1-8B-Instruct's config.json (the same as met
 PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
     "unsloth/Llama-3.1-8B-Instruct": _LLAMA_31_8B,
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA_31_8B,
+    "meta-llama/Llama-3.1-70B-Instruct": _LLAMA_31_70B,  # the presets' multi-GPU model (tensor parallelism)
     "Qwen/Qwen2.5-VL-3B-Instruct": {  # Qwen/Qwen2.5-VL-3B-Instruct's config.json, Hugging Face Hub
         "architecture": "qwen2_5_vl", "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
         "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 128000,

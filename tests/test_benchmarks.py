@@ -72,9 +72,14 @@ def test_pipeline_benchmark_reads_what_vllm_and_the_gpu_reported(tmp_path):
     (tmp_path / "b.log").write_text("(EngineCore pid=7) INFO GPU KV cache size: 140,112 tokens\n")
     assert bench.kv_cache_tokens([tmp_path / "a.log", tmp_path / "b.log", tmp_path / "missing.log"]) == [455264, 140112]
     sampler = bench.GpuSampler()
-    sampler.samples = [(1.0, 10.0, 1024.0), (2.0, 80.0, 40960.0), (3.0, 90.0, 41984.0), (9.0, 0.0, 0.0)]
-    assert sampler.busy(1.5, 3.5) == (85.0, 41.0, 2)  # mean %, peak GiB, samples inside the window
-    assert sampler.busy(4, 5)[2] == 0
+    sampler.samples = [(1.0, 0, 10.0, 1024.0), (2.0, 0, 80.0, 40960.0), (3.0, 0, 90.0, 41984.0), (9.0, 0, 0.0, 0.0),
+                       (2.0, 1, 0.0, 512.0), (3.0, 1, 0.0, 512.0)]  # GPU 1 idles beside GPU 0
+    # Per GPU: mean %, peak GiB, samples inside the window; never a mean over the GPUs (that would say 42.5%).
+    assert sampler.busy(1.5, 3.5) == {0: (85.0, 41.0, 2), 1: (0.0, 0.5, 2)}
+    assert sampler.busy(4, 5) == {}
+    assert bench.gpu_lines(sampler.busy(1.5, 3.5)) == [
+        "GPU0: 85% busy (mean of 2 nvidia-smi samples), memory used up to 41.0 GiB",
+        "GPU1: 0% busy (mean of 2 nvidia-smi samples), memory used up to 0.5 GiB"]
     parts = tmp_path / "kit" / "parts" / "results"
     parts.mkdir(parents=True)
     for i, when in enumerate([100.0, 130.0, 110.0]):
@@ -90,6 +95,56 @@ def test_pipeline_benchmark_reads_what_vllm_and_the_gpu_reported(tmp_path):
                                                           (64.5, "all cells")]
     assert "raw: vLLM reports 455,264 tokens per engine; kit: no KV-cache size in vLLM's log" in bench.kv_report(
         [455264], [], None, None, None)
+
+
+def _smi_lines(gpus: int, seconds: int, busy: dict[int, float], indexed: bool = True) -> str:
+    """nvidia-smi's CSV as on_gpu.sh samples it, once a second per GPU (``busy``: % per GPU index)."""
+    lines = []
+    for t in range(seconds):
+        stamp = f"2026/11/27 10:00:{t:02d}.000"
+        for index in range(gpus):
+            fields = [stamp, f"{busy.get(index, 0):.0f}", f"{1024 * (10 + index)}"]
+            lines.append(", ".join(([str(index)] if indexed else []) + fields))
+    return "\n".join(lines) + "\n"
+
+
+def test_gpu_timeline_reads_each_gpu_on_its_own_never_averaged(tmp_path, capsys):
+    timeline = load_script("gpu_timeline", folder="benchmarks")
+    smi = tmp_path / "four.smi.csv"
+    smi.write_text(_smi_lines(4, 30, {0: 90, 1: 60}))  # a run on GPUs 0 and 1 of a 4-GPU machine
+    rows = timeline.samples(smi)
+    assert len(rows) == 120 and timeline.gpus(rows) == [0, 1, 2, 3]
+    windows = timeline.per_window(rows)
+    assert len(windows) == 3
+    for line in windows:  # one column per GPU, each its own number
+        assert line.count("GPU") == 4
+        assert "GPU0   90%" in line and "GPU1   60%" in line and "GPU2    0%" in line and "GPU3    0%" in line
+        assert "38%" not in line  # (90 + 60 + 0 + 0) / 4: the average that hid an idle GPU
+    # The span of this step's result files (made-up ones, 10 s to 20 s after the first sample): per GPU.
+    results = tmp_path / "kit" / "parts" / "results"
+    results.mkdir(parents=True)
+    start = rows[0][0]
+    for i, when in enumerate([start + 10, start + 20]):
+        (results / f"{i}.parquet").write_bytes(b"")
+        os.utime(results / f"{i}.parquet", (when, when))
+    stale = results / "earlier.parquet"  # an earlier run's file in the same folder: not this step's
+    stale.write_bytes(b"")
+    os.utime(stale, (start - 3600, start - 3600))
+    assert timeline.result_span([tmp_path / "kit"], since=start - 5) == (start + 10, start + 20)
+    timeline.main([str(smi), "--results", str(tmp_path / "kit")])
+    out = capsys.readouterr().out
+    assert "4 GPU(s) [0, 1, 2, 3]" in out and "never averaged" in out
+    assert "GPU0: 90% busy, up to 10.0 GiB" in out and "GPU1: 60% busy" in out and "GPU3: 0% busy, up to 13.0 GiB" in out
+    assert "38%" not in out and "2 result files, first at 10s, last at 20s" in out
+
+
+def test_gpu_timeline_still_reads_one_gpu_logs_without_an_index(tmp_path):
+    timeline = load_script("gpu_timeline", folder="benchmarks")
+    smi = tmp_path / "old.smi.csv"
+    smi.write_text(_smi_lines(1, 20, {0: 75}, indexed=False))  # timestamp, utilization.gpu, memory.used
+    rows = timeline.samples(smi)
+    assert len(rows) == 20 and timeline.gpus(rows) == [0]
+    assert timeline.per_window(rows)[0] == "     0s  GPU0   75%  10.0 GiB"
 
 
 def test_pipeline_benchmark_inputs_are_distinct_and_well_formed(tmp_path):

@@ -76,6 +76,7 @@ def test_random_weights_shapes_are_the_published_dimensions_with_the_offline_tok
     from helpers import fitting, presets, shapes
 
     for model, offline in [("unsloth/Llama-3.1-8B-Instruct", smollm2_path),
+                           ("meta-llama/Llama-3.1-70B-Instruct", smollm2_path),
                            ("Qwen/Qwen2.5-VL-3B-Instruct", models.prepare_tiny_vlm())]:
         folder = models.resolve_model_source(shapes.RANDOM_WEIGHTS + model)
         assert models.has_random_weights(folder) and not list(Path(folder).glob("*.safetensors"))  # no weights
@@ -105,6 +106,21 @@ def test_random_weights_shapes_are_the_published_dimensions_with_the_offline_tok
     assert "load_format" not in fitting.select("text-cpu-offline", "text").engine_kwargs()  # real weights
     with pytest.raises(ValueError, match="no published shape"):
         models.prepare_random_weights("org/unknown")
+
+
+def test_llama_70b_shape_is_the_published_one():
+    """The 70B shape the kit builds with random weights (tensor-parallel runs on several GPUs) is the
+    published config.json's: about 70.6e9 weights, 320 KiB of KV cache per token, the 8B's rope."""
+    from helpers import shapes
+
+    published = shapes.PUBLISHED_CONFIGS["meta-llama/Llama-3.1-70B-Instruct"]
+    shape = shapes.ModelShape.from_config(published)
+    assert shape.parameters == pytest.approx(70.6e9, rel=0.005)
+    assert shape.parameters == pytest.approx(shapes.KNOWN_MODELS["meta-llama/Llama-3.1-70B-Instruct"].parameters, rel=0.005)
+    assert shape.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert (published["hidden_size"], published["intermediate_size"], published["num_attention_heads"],
+            published["vocab_size"], published["max_position_embeddings"]) == (8192, 28672, 64, 128256, 131072)
+    assert published["rope_parameters"] == shapes.PUBLISHED_CONFIGS["unsloth/Llama-3.1-8B-Instruct"]["rope_parameters"]
 
 
 #: Tiny copies of the two architectures, for vLLM on a CPU (head_dim 32: the CPU attention's smallest).
