@@ -35,13 +35,16 @@
 #   bash benchmarks/on_gpu.sh text8b-gpus1  # 100,000 prompts (ROWS), 8B shape, on GPU 0
 #   bash benchmarks/on_gpu.sh text8b-gpus2  # the same on GPUs 0,1
 #   bash benchmarks/on_gpu.sh text8b-gpus4  # the same on GPUs 0,1,2,3 (text8b-gpusN: the first N GPUs)
-#   bash benchmarks/on_gpu.sh text70b-tp4   # 10,000 prompts (ROWS), 70B shape, GPUs 0-3: "auto" fits tp=4 x 1
+#   bash benchmarks/on_gpu.sh text70b-auto  # 10,000 prompts (ROWS), 70B shape, GPUs 0-3, "auto" (4 x H100: tp=4 x 1;
+#                                           # 4 x H200: tp=2 x 2)
+#   bash benchmarks/on_gpu.sh text70b-tp4   # the same with the preset text-llama70b-h100-tp4, CONCURRENCY 1 (tp=4 x 1),
+#                                           # MAX_MODEL_LEN 256, ACCELERATOR_TYPE the machine's (H100 or H200)
 #   bash benchmarks/on_gpu.sh text70b-fp8-tp2  # 10,000 prompts (ROWS), 70B shape, the preset text-llama70b-a100-fp8
-#                                           # on GPUs 0,1 (ACCELERATOR_TYPE H100, CONCURRENCY 1: tp=2 x 1, fp8)
+#                                           # on GPUs 0,1 (ACCELERATOR_TYPE the machine's, CONCURRENCY 1: tp=2 x 1, fp8)
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
 # over the results' span (never averaged over GPUs), vLLM's KV cache per engine beside the kit's
 # estimate, and the settings table as the notebook's plan made it (what auto chose, and why).
-# tp=2 x 2 in 16 bits is not among them: no notebook parameter sets tensor_parallel_size.
+# No notebook parameter sets tensor_parallel_size: tp comes from "auto" or a named preset.
 # 2026-11-25 ran these, back to back on one machine, with no warm-up (the 30 minutes of GPU time,
 # the machine's start and the stack's staging included, held the kit's 1,000,000 prompts and raw
 # vLLM's first 100,000 of them, not raw vLLM on all 1,000,000):
@@ -66,6 +69,7 @@ qwen="random-weights:Qwen/Qwen2.5-VL-3B-Instruct"
 export VLLM_LOGGING_LEVEL=INFO
 bench() { python3 benchmarks/bench_pipeline.py "$@"; }
 llama70="random-weights:meta-llama/Llama-3.1-70B-Instruct"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H100|H200' || echo H100)  # named presets' type here
 # The kit's text notebook alone on ROWS prompts (one input per row count, made once under $work), timed
 # through bench_pipeline's own functions; then the plan the notebook made for the same parameters.
 #   kit_alone FOLDER MODEL ROWS '{"NAME": value, ...}'   (notebook parameters beyond the benchmark's)
@@ -339,9 +343,11 @@ print(models.prepare_random_weights('meta-llama/Llama-3.1-70B-Instruct'))" ;;
     text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
     text8b-gpus[1-9]) n=${step#text8b-gpus}
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/gpus$n "$llama" "${ROWS:-100000}" '{}' ;;
-    text70b-tp4) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-tp4 "$llama70" "${ROWS:-10000}" '{}' ;;
+    text70b-auto) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-auto "$llama70" "${ROWS:-10000}" '{}' ;;
+    text70b-tp4) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-tp4 "$llama70" "${ROWS:-10000}" \
+      "{\"PRESET\": \"text-llama70b-h100-tp4\", \"ACCELERATOR_TYPE\": \"$gpu\", \"CONCURRENCY\": 1, \"MAX_MODEL_LEN\": 256}" ;;
     text70b-fp8-tp2) CUDA_VISIBLE_DEVICES=0,1 kit_alone $work/scale/70b-fp8 "$llama70" "${ROWS:-10000}" \
-      '{"PRESET": "text-llama70b-a100-fp8", "ACCELERATOR_TYPE": "H100", "CONCURRENCY": 1}' ;;
+      "{\"PRESET\": \"text-llama70b-a100-fp8\", \"ACCELERATOR_TYPE\": \"$gpu\", \"CONCURRENCY\": 1}" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
@@ -352,6 +358,7 @@ case "$step" in
   text8b-warm) timeline_results=(--results $work/scale/warm) ;;
   text8b-gpus*) timeline_results=(--results $work/scale/gpus${step#text8b-gpus}) ;;
   text70b-tp4) timeline_results=(--results $work/scale/70b-tp4) ;;
+  text70b-auto) timeline_results=(--results $work/scale/70b-auto) ;;
   text70b-fp8-tp2) timeline_results=(--results $work/scale/70b-fp8) ;;
   *) timeline_results=(--results $work/8b/text/kit --results $work/vl/caption/kit --results $work/1m/text/kit) ;;
 esac
