@@ -15,6 +15,12 @@ import pandas as pd
 ROW_ID = "row_id"
 #: Column both pipelines add: why a row was not sent to the model ("" when it was).
 REJECT_REASON = "reject_reason"
+#: The column Ray's parquet reader adds with ``include_row_hash``: a hash of the file's path and the
+#: row's position, a uint64 (what resuming keys on where a parquet input has no id column).
+ROW_HASH = "row_hash"
+#: Types the results give carried columns, whatever a stage made of them: Ray's checkpoints compare
+#: the written ids with the source's, so they must be of the source's type (see pipeline.finish).
+CARRIED_TYPES = {ROW_HASH: "uint64"}
 
 
 def sample_customers_path() -> Path:

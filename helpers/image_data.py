@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from helpers import images
-from helpers.data import REJECT_REASON, ROW_ID
+from helpers.data import REJECT_REASON, ROW_HASH, ROW_ID
 
 FORMATS = ("webdataset", "parquet", "images")
 SOURCE = "source"
@@ -61,9 +61,6 @@ def detect_format(path: str, fs=None) -> str:
                          f"set INPUT_FORMAT to one of {FORMATS}, or point INPUT_PATH at one kind")
     return "images"
 
-
-#: The column Ray's parquet reader adds with ``include_row_hash``: a hash of the file's path and the row's position.
-ROW_HASH = "row_hash"
 
 #: What each layout's images are told apart (and resumed) by, when ``ID_COLUMN`` does not apply.
 ID_OF = {"webdataset": "its shard and key", "images": "its file path",

@@ -21,7 +21,7 @@ import pandas as pd
 
 from helpers.cluster import Session
 from helpers.output_dir import check_every_node_sees
-from helpers.data import REJECT_REASON
+from helpers.data import CARRIED_TYPES, REJECT_REASON
 from helpers.errors import Explained
 from helpers.location import Location
 from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, read_parts, result_row
@@ -101,6 +101,35 @@ def guard_postprocess(postprocess: Callable[[dict[str, Any]], Mapping[str, Any]]
     return wrapped
 
 
+#: Ray's Arrow type for values it could not give an Arrow type (it pickles them).
+PICKLED = "ray.data.arrow_pickled_object"
+
+
+def carried_column(column, name: str):
+    """A carried column as the results keep it: in a plain Arrow type, never as pickled Python objects.
+
+    Your ``postprocess`` runs in Ray's row map, which hands each value over as a Python object. Arrow
+    types ints past int64 (Ray's uint64 ``row_hash``, half of its values) as nothing, so Ray pickled
+    them, and such a column broke every table read from the results (pandas' IndexError selecting
+    zero rows of it). Here those values get a type again: :data:`helpers.data.CARRIED_TYPES` where
+    the kit knows it (the source's, so that resuming compares like with like), else the one Arrow
+    infers, uint64 for non-negative ints past int64, or text as a last resort.
+    """
+    import pyarrow as pa
+
+    wanted = pa.type_for_alias(CARRIED_TYPES[name]) if name in CARRIED_TYPES else None
+    if isinstance(column.type, pa.ExtensionType) and column.type.extension_name == PICKLED:
+        values = column.to_pylist()
+        try:
+            column = pa.array(values, type=wanted)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            if all(isinstance(v, int) and v >= 0 for v in values if v is not None):
+                column = pa.array(values, type=pa.uint64())
+            else:
+                column = pa.array([None if v is None else str(v) for v in values], type=pa.string())
+    return column.cast(wanted) if wanted else column
+
+
 def finish(table, *, carry: Sequence[str], outputs: Mapping[str, Any]):
     """Give every row of a batch the same columns, in order: ``carry``, the task's ``outputs``
     (their defaults on rows without an answer), the engine's columns, ``error`` and ``stage``.
@@ -108,7 +137,8 @@ def finish(table, *, carry: Sequence[str], outputs: Mapping[str, Any]):
     Rows that skipped the engine or failed in it come out of the processor in their raw shape with
     ``__inference_error__``; they get ``stage`` "rejected before the model" or "engine" and the
     message as ``error``. Works on Arrow batches (``map_batches(batch_format="pyarrow")``): the
-    columns left behind (images, messages) are never converted.
+    columns left behind (images, messages) are never converted. Carried columns keep a plain type
+    (:func:`carried_column`).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -124,7 +154,7 @@ def finish(table, *, carry: Sequence[str], outputs: Mapping[str, Any]):
     failed = pc.not_equal(text(INFERENCE_ERROR), "")
     stage = pc.if_else(failed, pc.if_else(pc.equal(text(STAGE), ""), ENGINE, text(STAGE)), text(STAGE))
     error = pc.if_else(failed, text(INFERENCE_ERROR), text("error"))
-    columns: dict[str, Any] = {c: table.column(c) if c in names else pa.nulls(n) for c in carry}
+    columns: dict[str, Any] = {c: carried_column(table.column(c), c) if c in names else pa.nulls(n) for c in carry}
     for name, default in {**outputs, **ENGINE_COLUMNS}.items():
         value = pa.scalar(default)
         if name not in names or pa.types.is_null(table.column(name).type):

@@ -127,6 +127,38 @@ def test_finish_gives_every_row_one_schema_and_its_stage():
     assert columns == ["id", "label", *outputs.ENGINE_COLUMNS, "error", STAGE] and rows[0]["num_input_tokens"] == 0
 
 
+def test_carried_values_ray_pickled_come_back_typed_and_row_hash_as_the_source_has_it(local_ray, tmp_path):
+    """A row map (your postprocess) hands values over as Python objects; ints past int64 (half of Ray's
+    uint64 row_hash values) have no Arrow type then, and Ray pickled them: pandas then failed on every
+    table read from the results. ``finish`` writes them typed: row_hash as uint64 in every block (also
+    one whose hashes all fit int64, which Ray's row map makes int64), other big ints as uint64, mixed
+    values as text; tables written from them read back as they are, with Ray's types registered."""
+    import ray
+
+    from helpers.data import ROW_HASH
+
+    hashes = [2**63 + 5, 2**64 - 1, 7, 8]
+    source = ray.data.from_arrow(pa.table({ROW_HASH: pa.array(hashes, pa.uint64()),
+                                           "other": pa.array(hashes, pa.uint64()), "mixed": ["a", "b", "c", "d"]}))
+    rows = source.repartition(2).map(lambda r: {**r, "mixed": 1 if r["mixed"] == "a" else r["mixed"]})
+    types = rows.map_batches(lambda t: pa.table({"type": [str(t.schema.field(ROW_HASH).type)]}),
+                             batch_format="pyarrow", batch_size=None).take_all()
+    assert any(pipeline.PICKLED in t["type"] for t in types)  # what Ray makes of big hashes
+    assert {"type": "int64"} in types  # a block of small hashes: int64
+    done = rows.map_batches(pipeline.finish, batch_format="pyarrow", fn_kwargs={
+        "carry": [ROW_HASH, "other", "mixed"], "outputs": {"caption": ""}})
+    done.write_parquet(str(tmp_path / "parts"))
+    table = pd.read_parquet(tmp_path / "parts")
+    assert str(table[ROW_HASH].dtype) == "uint64" and sorted(table[ROW_HASH]) == sorted(hashes)
+    for part in (tmp_path / "parts").iterdir():  # other big ints: uint64 in their file; mixed values as text
+        written = pd.read_parquet(part)
+        assert all(str(written[c].dtype) in ("uint64", "int64") for c in ("other", ROW_HASH))
+        assert str(written[ROW_HASH].dtype) == "uint64"
+    assert sorted(table["mixed"]) == ["1", "b", "c", "d"]
+    answered, errors = pipeline.collect(tmp_path, "captions.parquet", table.assign(stage="", error=""))
+    assert len(answered) == 4 and errors.empty and str(errors[ROW_HASH].dtype) == "uint64"
+
+
 def test_collect_splits_answered_rows_from_errors(tmp_path):
     parts = tmp_path / outputs.PARTS / pipeline.RESULTS
     parts.mkdir(parents=True)
