@@ -12,8 +12,8 @@ from typing import Any
 
 from helpers.errors import Explained
 from helpers.location import Location, check_reachable, write_or_explain
-from helpers.outputs import (CHECKPOINT, DERIVED, EARLIER, MARKER, MARKER_TEXT, PARTS, RUN_FILE, RunOutputs,
-                             committed_checkpoints, fingerprint, parquet_rows)
+from helpers.outputs import (CHECKPOINT, DERIVED, EARLIER, MARKER, MARKER_TEXT, PARTS, REPORT_SUFFIXES, RUN_FILE,
+                             RunOutputs, committed_checkpoints, fingerprint, parquet_rows)
 
 
 class NotTheKitsFolderError(Explained, FileExistsError):
@@ -147,8 +147,11 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
       :class:`InterruptedRunError`, naming each setting that changed (old -> new), unless
       ``start_over`` (the user's ``START_OVER=True``); then, as below, its rows are moved aside;
     - anything else an earlier run wrote (finished results, files of a run killed before its first
-      checkpoint): moved to ``OUTPUT_DIR/earlier/<time>/`` with its ``run.json``, and this run
-      starts fresh. ``message`` says which happened and where the earlier results are.
+      checkpoint, its report): moved to ``OUTPUT_DIR/earlier/<time>/`` with its ``run.json``, and this
+      run starts fresh. ``message`` says which happened and where the earlier results are.
+
+    An earlier run's report (``<notebook>.ipynb`` and ``.html`` in ``OUTPUT_DIR``) moves aside too,
+    also when this run resumes that run's rows: the runner writes this run's report in its place.
 
     A folder that is not the kit's is refused (:func:`claim_output_dir`).
     """
@@ -170,11 +173,14 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     done = [f for folder in checkpoints for f in committed_checkpoints(folder)]
     finished = sum(parquet_rows(f) for f in done)  # rows the interrupted run finished (0: none)
     rows_done = 0
+    reports = [name for name in where.children() if name.endswith(REPORT_SUFFIXES)]
     if done and resume and record.get("fingerprint") == current:
         message = "resuming an interrupted run: rows it finished are skipped"
         rows_done = finished
         for name in DERIVED:  # tables and charts made from parts/, which stays: rebuilt at the end
             (where / name).remove()
+        if reports:
+            message += f" (its report is kept in {_move_aside(where, reports)})"
     else:
         if done and not start_over:
             why = ("RESUME is False" if resume is False else
@@ -185,7 +191,7 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
                 f"would not resume it: {why}\nNothing was changed there. Either run again with that run's settings "
                 "(and RESUME=True) to finish it, or set START_OVER=True to start over with these settings (its rows "
                 f"are then kept in {EARLIER}/), or choose another OUTPUT_DIR.")
-        found = [name for name in (PARTS, CHECKPOINT, *DERIVED) if (where / name).exists()]
+        found = [name for name in (PARTS, CHECKPOINT, *DERIVED) if (where / name).exists()] + reports
         message = "starting fresh"
         if found:
             kept = _move_aside(where, [*found, *([RUN_FILE] if run_file.is_file() else [])])

@@ -39,6 +39,9 @@ MARKER_TEXT = ("Results of the LLM batch inference kit: a new run here moves ear
                "and never deletes them.\n")
 PREDICTIONS = "predictions.parquet"
 ERRORS = "errors.parquet"
+#: A run's reports in ``OUTPUT_DIR`` (the executed notebook and its HTML, ``scripts/run_notebooks.py``):
+#: an earlier run's move aside with its results, so no run overwrites another's report.
+REPORT_SUFFIXES = (".ipynb", ".html")
 #: Derived files a run writes at the end; every run rewrites them.
 DERIVED = (PREDICTIONS, ERRORS, "summary.json", "confusion_matrix.png", "label_counts.png",
            "captions.parquet", "captions.png", "ray_stats.txt")

@@ -15,6 +15,7 @@ import argparse
 import ast
 import contextlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -88,11 +89,13 @@ def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path
     """Execute one notebook into ``out_root/name`` and render it to HTML; return the folder.
 
     ``out_root`` may be a bucket URI (``s3://bucket/runs``): the notebook then writes its results
-    there, and the executed notebook and its HTML are copied there when it ends (also when it failed).
-    The notebook runs in ``cwd`` (default: the current directory), so a relative ``INPUT_PATH`` is
+    there. The notebook runs in ``cwd`` (default: the current directory), so a relative ``INPUT_PATH`` is
     relative to where you ran the command. The HTML report is rendered even when the notebook
     failed (it shows where and why), but a rendering error never hides the notebook's own outcome:
     it is printed, and the run's result (or the notebook's error) stands.
+
+    The executed notebook and its HTML are written to a staging folder while the notebook runs, and
+    copied into the output folder when it ends (also when it failed): see :func:`publish_report`.
     """
     from helpers import output_dir, storage
     from helpers.location import Location
@@ -100,23 +103,50 @@ def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path
     target = Location.of(out_root) / name
     if target.remote:
         output_dir.claim_location(target)  # reachable, writable, and the kit's: before the kernel starts
-        out = output_dir.staging_folder(target / "report")
+        out: Path | str = target.uri
     else:
         out = output_dir.claim_output_dir(target.uri)  # refuses a folder that is not the kit's
-    executed = out / f"{name}.ipynb"
+    staging = output_dir.staging_folder(target / "report")
+    executed, html = staging / f"{name}.ipynb", staging / f"{name}.html"
     parameters = {"OUTPUT_DIR": target.uri, **overrides}
     print(f"[{name}] running with {storage.redact_all(parameters)}", flush=True)
     try:
         execute(NOTEBOOKS[name], executed, parameters, cwd=cwd or Path.cwd())
     finally:
         redact_notebook(executed, parameters)
-        render_report(executed, out / f"{name}.html")
-        if target.remote:
-            for report in (executed, out / f"{name}.html"):
-                if report.is_file():
-                    (target / report.name).upload(report)
-    print(f"[{name}] done: open {target / (name + '.html')}", flush=True)
-    return target.uri if target.remote else out
+        render_report(executed, html)
+        shown = publish_report(target, name, [executed, html])
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"[{name}] done: open {shown}", flush=True)
+    return out
+
+
+def publish_report(target, name: str, reports: list[Path]) -> str:
+    """Copy ``reports`` (``<name>.ipynb``, ``<name>.html``) into ``target`` (a
+    :class:`helpers.location.Location`); return where the HTML is, as shown to a person.
+
+    No report overwrites another. A run that claimed ``target`` moved the earlier run's report to
+    ``earlier/`` with its results (:func:`helpers.output_dir.prepare_output_dir`), so its own takes
+    the usual name. A run that stopped before that (an interrupted run it would not resume, a bad
+    parameter) left ``target`` as it was: its report is written beside the earlier one, as
+    ``<name>-<UTC time>.ipynb`` (and ``.html``), and the next run that claims the folder moves both
+    aside."""
+    import time
+
+    from helpers.outputs import REPORT_SUFFIXES
+
+    stem, n = name, 1
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
+    while any((target / f"{stem}{suffix}").exists() for suffix in REPORT_SUFFIXES):
+        n += 1
+        stem = f"{name}-{stamp}" + (f"-{n}" if n > 2 else "")
+    if stem != name:
+        print(f"[{name}] {target} still holds an earlier run's report: this run's is {stem}.html beside it",
+              flush=True)
+    for report in reports:
+        if report.is_file():
+            (target / f"{stem}{report.suffix}").upload(report)
+    return str(target / f"{stem}.html")
 
 
 def redact_notebook(executed: Path, parameters: dict[str, object]) -> None:

@@ -119,6 +119,12 @@ def test_the_runner_writes_the_report_to_the_bucket_too(s3, tmp_path, monkeypatc
     executed = nbformat.reads(s3.get_object(Bucket=BUCKET, Key="reports/tiny/tiny.ipynb")["Body"].read().decode(), 4)
     assert f"results in s3://{BUCKET}/reports/tiny: 1 files" in executed.cells[-1].outputs[0].text
     assert not (tmp_path / "s3:").exists()
+    # A second run moves the first one's report aside with its results, byte for byte.
+    first = {k: s3.get_object(Bucket=BUCKET, Key=f"reports/tiny/{k}")["Body"].read() for k in ("tiny.ipynb", "tiny.html")}
+    runner.run("tiny", f"s3://{BUCKET}/reports", {}, cwd=tmp_path)
+    (moved,) = {k.split("/")[0] for k in keys(s3, "reports/tiny/earlier/") if "/" in k}
+    assert {k: s3.get_object(Bucket=BUCKET, Key=f"reports/tiny/earlier/{moved}/{k}")["Body"].read()
+            for k in first} == first
 
 
 def test_two_runs_to_one_bucket_on_one_machine_stage_in_folders_of_their_own(s3):

@@ -177,3 +177,55 @@ def test_the_runner_keeps_the_kernel_off_the_network_and_the_log_quiet(tmp_path,
     assert out.cells[-1].outputs[0].text == "ipc 2 [] True\n"
     assert not list((tmp_path / "run").iterdir())
     assert "without encryption" not in capfd.readouterr().err
+
+
+def test_no_run_overwrites_an_earlier_runs_report(tmp_path, monkeypatch):
+    """The runner wrote ``<name>.ipynb`` and ``.html`` straight into OUTPUT_DIR: every re-run, job
+    retry, and a re-run that then stopped with InterruptedRunError ("Nothing was changed there")
+    replaced the last report. Now an earlier run's report moves to ``earlier/`` with its results, and
+    a run that stops before it claims the folder writes its report beside the earlier one."""
+    import pandas as pd
+    import papermill
+
+    from helpers import outputs
+
+    runner = load_script("run_notebooks")
+    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None\nX = 1",
+                                  "from helpers import output_dir\n"
+                                  "run = output_dir.prepare_output_dir(OUTPUT_DIR, resume=True, settings={'x': X})\n"
+                                  "print('run', X, run.message)")
+    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
+    monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_bytes(executed.read_bytes()))
+    out = tmp_path / "results" / "tiny"
+
+    def reports(folder):
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".ipynb", ".html")}
+
+    runner.run("tiny", tmp_path / "results", {"X": 1}, cwd=tmp_path)
+    first = reports(out)
+    assert set(first) == {"tiny.ipynb", "tiny.html"} and b"run 1 starting fresh" in first["tiny.ipynb"]
+    # That run was interrupted (a committed checkpoint); a re-run with other settings stops.
+    (out / outputs.CHECKPOINT / "results").mkdir(parents=True)
+    pd.DataFrame({"id": ["a"]}).to_parquet(out / outputs.CHECKPOINT / "results" / "ids.parquet")
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        runner.run("tiny", tmp_path / "results", {"X": 2}, cwd=tmp_path)
+    assert err.value.ename == "InterruptedRunError"
+    now = reports(out)
+    assert {k: now[k] for k in first} == first  # the earlier report, byte for byte
+    html, executed = sorted(set(now) - set(first))  # the stopped run's own, beside it
+    assert html.startswith("tiny-") and executed == html.replace(".html", ".ipynb")
+    assert b"InterruptedRunError" in now[executed]
+    # The interrupted run resumed: both earlier reports move aside, its rows stay.
+    runner.run("tiny", tmp_path / "results", {"X": 1}, cwd=tmp_path)
+    (kept,) = (out / outputs.EARLIER).iterdir()
+    assert reports(kept) == now
+    assert set(reports(out)) == {"tiny.ipynb", "tiny.html"} and b"run 1 resuming" in (out / "tiny.ipynb").read_bytes()
+    # A fresh run moves that report aside with the results.
+    resumed = reports(out)
+    for ids in (out / outputs.CHECKPOINT / "results").iterdir():  # it finished: Ray deletes its checkpoints
+        ids.unlink()
+    (out / outputs.PREDICTIONS).write_text("rows")
+    runner.run("tiny", tmp_path / "results", {"X": 3}, cwd=tmp_path)
+    (newer,) = set((out / outputs.EARLIER).iterdir()) - {kept}
+    assert reports(newer) == resumed and (newer / outputs.PREDICTIONS).read_text() == "rows"
+    assert b"run 3 starting fresh" in (out / "tiny.ipynb").read_bytes()
