@@ -3,7 +3,7 @@ instead of minutes later inside a Ray worker."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,3 +160,20 @@ def parse_cell(source: str) -> list[Parameter]:
         found.append(Parameter(node.targets[0].id, ast.literal_eval(node.value), text,
                                comments.get(node.lineno, "")))
     return found
+
+
+def unknown_names(given: Iterable[str], known: Collection[str], notebook: str) -> list[str]:
+    """A problem for each name in ``given`` that is not a parameter of ``notebook`` (``known``: the
+    names in its ``parameters`` cell), naming the closest one. Papermill only warns about such a
+    name and runs on, so ``-p LIMT 10000`` would run the whole input."""
+    import difflib
+
+    problems = []
+    by_upper = {name.upper(): name for name in known}
+    for name in given:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name.upper(), list(by_upper), n=1, cutoff=0.6)
+        hint = f"did you mean {by_upper[close[0]]}?" if close else f"its parameters are {', '.join(sorted(known))}"
+        problems.append(f"{name} is not a parameter of {notebook} (not in its parameters cell): {hint}")
+    return problems

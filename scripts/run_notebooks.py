@@ -46,6 +46,18 @@ def defaults(name: str) -> dict[str, object]:
     return {p.name: p.value for p in params.parse_cell(cell.source)}
 
 
+def check_names(names: list[str], overrides: dict[str, object]) -> None:
+    """Raise :class:`helpers.params.ParameterError` if an override is not a parameter of each notebook
+    in ``names``, naming the closest one: papermill only warns, and a mistyped ``-p LIMT 10000`` would
+    run the whole input on paid GPUs. Checked before any kernel starts."""
+    from helpers import params
+
+    problems = [p for name in names for p in params.unknown_names(overrides, defaults(name), name)]
+    if problems and len(names) > 1:
+        problems.append("a parameter that only one notebook has: run that notebook alone, with --only NAME")
+    params.validate(problems)
+
+
 def kernel_manager_class():
     """Jupyter's kernel manager with the kernel on local sockets (IPC) instead of TCP ports: nothing
     is reachable from the network, and the kernel does not warn, on every run, that its TCP traffic
@@ -100,6 +112,7 @@ def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path
     from helpers import output_dir, storage
     from helpers.location import Location
 
+    check_names([name], overrides)  # before anything is claimed or started
     target = Location.of(out_root) / name
     if target.remote:
         output_dir.claim_location(target)  # reachable, writable, and the kit's: before the kernel starts
@@ -193,7 +206,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a parameter (a Python literal, else a string)")
     args = parser.parse_args(argv)
     overrides = {name: parse_value(value) for name, value in args.p}
-    for name in args.only or sorted(NOTEBOOKS):
+    names = args.only or sorted(NOTEBOOKS)
+    from helpers.params import ParameterError
+
+    try:
+        check_names(names, overrides)  # every notebook's, before the first one starts
+    except ParameterError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for name in names:
         run(name, args.out, overrides)
     return 0
 

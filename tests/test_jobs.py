@@ -50,6 +50,20 @@ def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
     assert args[args.index("--out") + 1].startswith("/mnt/cluster_storage/")
 
 
+def test_a_mistyped_parameter_in_the_jobs_command_stops_it_before_the_kernel(job, monkeypatch, capsys):
+    """job.yaml's command with ``-p LIMT 10000``: the runner stops at once, naming LIMIT, where
+    papermill would warn and run the whole input on the cluster's GPUs."""
+    import papermill
+
+    args = shlex.split(job["entrypoint"].split("&&")[-1])
+    runner = load_script("run_notebooks")
+    runner.check_names(["text_classification"], {args[i + 1]: args[i + 2] for i, a in enumerate(args) if a == "-p"})
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: pytest.fail("the notebook started"))
+    typo = [("LIMT" if a == "LIMIT" and args[i - 1] == "-p" else a) for i, a in enumerate(args)]
+    assert "LIMT" in typo and runner.main(typo[2:]) == 2
+    assert "LIMT is not a parameter of text_classification" in capsys.readouterr().err
+
+
 def test_job_yaml_is_rendered_from_the_project_template():
     new_project = load_script("new_project")
     assert (REPO / "job.yaml").read_text() == new_project.render_job(*new_project.KIT_JOB), \

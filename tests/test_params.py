@@ -142,3 +142,14 @@ def test_task_and_start_over_are_checked(repo):
     _, defaults = notebook_defaults(repo, "text_classification")
     assert params.text_problems({**defaults, "TASK": "  "}) == ["TASK must be a non-empty instruction, got '  '"]
     assert "START_OVER must be True or False" in params.text_problems({**defaults, "START_OVER": "false"})[0]
+
+
+def test_a_name_that_is_not_a_parameter_is_named_with_the_closest_one():
+    known = ["INPUT_PATH", "LIMIT", "MODEL_SOURCE", "OUTPUT_DIR", "START_OVER"]
+    assert params.unknown_names(["LIMIT", "OUTPUT_DIR"], known, "text_classification") == []
+    [typo] = params.unknown_names(["LIMT"], known, "text_classification")
+    assert typo == "LIMT is not a parameter of text_classification (not in its parameters cell): did you mean LIMIT?"
+    [lower] = params.unknown_names(["start_over"], known, "nb")
+    assert lower.endswith("did you mean START_OVER?")
+    [far] = params.unknown_names(["TEMPERATURE_X"], known, "nb")
+    assert "its parameters are INPUT_PATH, LIMIT, MODEL_SOURCE, OUTPUT_DIR, START_OVER" in far

@@ -229,3 +229,29 @@ def test_no_run_overwrites_an_earlier_runs_report(tmp_path, monkeypatch):
     (newer,) = set((out / outputs.EARLIER).iterdir()) - {kept}
     assert reports(newer) == resumed and (newer / outputs.PREDICTIONS).read_text() == "rows"
     assert b"run 3 starting fresh" in (out / "tiny.ipynb").read_bytes()
+
+
+def test_a_mistyped_parameter_stops_the_runner_before_the_kernel_starts(tmp_path, monkeypatch, capsys):
+    """``-p LIMT 10000`` passed papermill's warning and ran the whole input."""
+    import papermill
+
+    from helpers import params
+
+    runner = load_script("run_notebooks")
+
+    def no_kernel(*args, **kwargs):
+        raise AssertionError("the notebook started")
+
+    monkeypatch.setattr(papermill, "execute_notebook", no_kernel)
+    out = tmp_path / "results"
+    assert runner.main(["--only", "text_classification", "--out", str(out), "-p", "LIMT", "10000"]) == 2
+    said = capsys.readouterr().err
+    assert "LIMT is not a parameter of text_classification" in said and "did you mean LIMIT?" in said
+    # Both notebooks: a parameter only one has stops before either starts, saying to run it alone.
+    assert runner.main(["--out", str(out), "-p", "LABELS", "['a', 'b']", "-p", "LIMIT", "5"]) == 2
+    said = capsys.readouterr().err
+    assert "LABELS is not a parameter of vlm_captioning" in said and "--only" in said
+    assert "text_classification" not in said.split("LABELS is not")[0]  # the text notebook has LABELS
+    with pytest.raises(params.ParameterError, match="did you mean TEMPERATURE"):
+        runner.run("vlm_captioning", out, {"TEMPRATURE": 0.5})
+    assert not out.exists()  # nothing claimed
