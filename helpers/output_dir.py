@@ -142,7 +142,8 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     """Create the output folder and decide whether this run resumes an interrupted one. It never
     deletes results:
 
-    - an interrupted run (committed checkpoints) with the same ``settings`` and ``resume`` on: resumed;
+    - an interrupted run (committed checkpoints) with the same ``settings`` and ``resume`` on: resumed,
+      unless ``start_over`` (the user's ``START_OVER=True``: this run starts over whatever the settings);
     - an interrupted run that this run would not resume (other ``settings``, or ``resume`` off):
       :class:`InterruptedRunError`, naming each setting that changed (old -> new), unless
       ``start_over`` (the user's ``START_OVER=True``); then, as below, its rows are moved aside;
@@ -174,7 +175,7 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     finished = sum(parquet_rows(f) for f in done)  # rows the interrupted run finished (0: none)
     rows_done = 0
     reports = [name for name in where.children() if name.endswith(REPORT_SUFFIXES)]
-    if done and resume and record.get("fingerprint") == current:
+    if done and resume and not start_over and record.get("fingerprint") == current:
         message = "resuming an interrupted run: rows it finished are skipped"
         rows_done = finished
         for name in DERIVED:  # tables and charts made from parts/, which stays: rebuilt at the end

@@ -319,6 +319,19 @@ def test_an_interrupted_run_that_would_not_resume_stops_the_run_and_is_left_byte
     assert not (out / outputs.PARTS).exists() and not (out / outputs.CHECKPOINT).exists()
 
 
+def test_start_over_starts_over_also_where_the_settings_match(tmp_path):
+    """START_OVER=True was ignored when the settings matched: the interrupted run was resumed."""
+    out = tmp_path / "o"
+    interrupted_run(out, {"model": "a"})
+    before = _files(out)
+    run = output_dir.prepare_output_dir(str(out), resume=True, settings={"model": "a"}, start_over=True)
+    assert run.message.startswith("starting fresh (the earlier results are kept in") and run.rows_done == 0
+    (kept,) = (out / outputs.EARLIER).iterdir()
+    assert {k: v for k, v in before.items() if k.startswith((outputs.PARTS, outputs.CHECKPOINT))} == \
+        {k: v for k, v in _files(kept).items() if k.startswith((outputs.PARTS, outputs.CHECKPOINT))}
+    assert not (out / outputs.PARTS).exists() and not (out / outputs.CHECKPOINT).exists()
+
+
 def test_results_in_memory_are_refused_once_a_later_run_moved_them(tmp_path):
     out = tmp_path / "o"
     first = output_dir.prepare_output_dir(str(out), settings={"a": 1})
