@@ -163,12 +163,18 @@ def blocks_for_every_replica(concurrency: int | list[int] | tuple[int, int], max
     return 2 * max_replicas(concurrency) * blocks_held_per_replica(max_concurrent_batches)
 
 
+def job_runtime_env() -> dict[str, Any]:
+    """The enclosing Ray job's ``runtime_env`` ({} outside a Ray job): what it already gives every
+    worker, which a ``ray.init`` runtime_env must not set again (Ray refuses)."""
+    try:
+        return dict(json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {})
+    except (ValueError, AttributeError, TypeError):
+        return {}
+
+
 def job_env_vars() -> dict[str, str]:
     """Environment variables the enclosing Ray job's runtime_env sets ({} outside a Ray job)."""
-    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    if not raw:
-        return {}
     try:
-        return dict((json.loads(raw).get("runtime_env") or {}).get("env_vars") or {})
-    except (ValueError, AttributeError):
+        return dict(job_runtime_env().get("env_vars") or {})
+    except (ValueError, TypeError):
         return {}

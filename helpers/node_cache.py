@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from helpers.engine import job_runtime_env
 from helpers.errors import Explained
 
 #: The environment variable (in the run's ``runtime_env``) that tells each worker what to prepare.
@@ -94,19 +95,11 @@ def runtime_env(base: Mapping[str, Any], job: Mapping[str, Any] | None = None) -
     enclosing Ray job's ``runtime_env`` (default: read from the job), where a setup hook of its own
     wins (Ray refuses two): then only :func:`check_every_node_has` prepares the nodes."""
     specs = recorded()
-    job = _job_runtime_env() if job is None else job
+    job = job_runtime_env() if job is None else job
     if not specs or "worker_process_setup_hook" in job or ENV in (job.get("env_vars") or {}):
         return dict(base)
     return {**base, "env_vars": {**(base.get("env_vars") or {}), ENV: json.dumps(specs)},
             "worker_process_setup_hook": HOOK}
-
-
-def _job_runtime_env() -> dict[str, Any]:
-    """The enclosing Ray job's ``runtime_env`` ({} outside a Ray job)."""
-    try:
-        return dict(json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {})
-    except (ValueError, AttributeError):
-        return {}
 
 
 def _prepare_here(specs: Sequence[Mapping[str, Any]]) -> str:
@@ -118,11 +111,37 @@ def _prepare_here(specs: Sequence[Mapping[str, Any]]) -> str:
     return ""
 
 
+def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Mapping[str, Any]], timeout_s: float,
+                 runtime_env: Mapping[str, Any] | None = None) -> list[Any]:
+    """Run ``fn(*args)`` once on each of ``nodes`` (entries of ``ray.nodes()``), all at once, each a
+    zero-CPU task pinned to its node and never retried; return what each returned, in ``nodes``'
+    order, or the Ray error it failed with (a ``GetTimeoutError`` once ``timeout_s`` have passed).
+    The one way the kit asks every node something (:func:`check_every_node_has`,
+    :func:`helpers.output_dir.check_every_node_sees`)."""
+    import time
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    options = {"runtime_env": dict(runtime_env)} if runtime_env else {}
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options)
+            .remote(*args) for n in nodes]
+    deadline = time.monotonic() + timeout_s
+    answers: list[Any] = []
+    for ref in refs:
+        try:
+            answers.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+            answers.append(exc)
+    return answers
+
+
 def check_every_node_has(timeout_s: float = 900) -> int:
     """Prepare :func:`recorded` on every alive node of the cluster but the driver's own (where it was
-    prepared), one zero-CPU task each, and wait for them: the run then starts with every node ready.
-    Raise :class:`NodeCacheError` naming each node that cannot, and its path; return how many
-    nodes were prepared. Nodes that join later prepare when their first worker starts
+    prepared), one zero-CPU task each (:func:`on_each_node`), and wait for them: the run then starts
+    with every node ready. Raise :class:`NodeCacheError` naming each node that cannot, and its path;
+    return how many nodes were prepared. Nodes that join later prepare when their first worker starts
     (:func:`runtime_env`). ``timeout_s``: a model is converted in about 30 s on a small machine.
 
     The check's own workers skip the setup hook (it would end them before they could answer: Ray
@@ -133,21 +152,17 @@ def check_every_node_has(timeout_s: float = 900) -> int:
     if not specs or not ray.is_initialized():
         return 0
     from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR as SETUP_HOOK
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
     nodes = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
-    task = ray.remote(num_cpus=0, max_retries=0)(_prepare_here)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
-                         runtime_env={"env_vars": {SETUP_HOOK: ""}}).remote(specs) for n in nodes]
+    answers = on_each_node(_prepare_here, [specs], nodes, timeout_s, runtime_env={"env_vars": {SETUP_HOOK: ""}})
     problems = []
-    for node, ref in zip(nodes, refs):
-        try:
-            problems.append(ray.get(ref, timeout=timeout_s))
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+    for node, answer in zip(nodes, answers):
+        if isinstance(answer, BaseException):
             name = f"{node['NodeManagerAddress']} ({node['NodeID'][:8]})"
-            problems += [_explain(spec, name, exc) for spec in specs]
-    problems = [p for p in problems if p]
+            problems += [_explain(spec, name, answer) for spec in specs]
+        elif answer:
+            problems.append(answer)
     if problems:
         raise NodeCacheError(f"This run cannot start: {len(problems)} of what the run's tasks read cannot be prepared "
                              "on the Ray cluster's nodes.\n- " + "\n- ".join(problems))

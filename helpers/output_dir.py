@@ -33,13 +33,15 @@ def claim_output_dir(path: str | Path) -> Path:
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"OUTPUT_DIR={str(path)!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    names = [p.name for p in out.iterdir()]
-    _refuse_if_not_the_kits(str(path), names, MARKER in names or _kit_run_file(out / RUN_FILE))
-    try:
-        (out / MARKER).write_text(MARKER_TEXT)
-    except OSError as exc:
-        raise PermissionError(f"OUTPUT_DIR={str(path)!r} is not writable: {exc}") from exc
+    _claim(Location.of(out), str(path))
     return out
+
+
+def claim_location(location: Location) -> None:
+    """:func:`claim_output_dir` for a folder in object storage: check that it can be used
+    (:func:`helpers.location.check_reachable`, within seconds), refuse one that holds files the kit
+    did not write, and mark it as the kit's."""
+    _claim(location, str(location))
 
 
 def output_dir_problem(path: str) -> str:
@@ -49,10 +51,7 @@ def output_dir_problem(path: str) -> str:
 
     try:
         where = Location.of(path)
-        if where.remote:
-            names = check_reachable(where)
-            kits = MARKER in names or (RUN_FILE in names and _kit_run_file(where / RUN_FILE))
-        else:
+        if not where.remote:
             out = Path(where.path)
             if out.exists() and not out.is_dir():
                 return f"OUTPUT_DIR={path!r} exists and is not a folder"
@@ -61,19 +60,35 @@ def output_dir_problem(path: str) -> str:
                 existing = existing.parent
             if not os.access(existing, os.W_OK):
                 return f"OUTPUT_DIR={path!r} is not writable (no write access to {existing})"
-            names = [c.name for c in out.iterdir()] if out.exists() else []
-            kits = MARKER in names or _kit_run_file(out / RUN_FILE)
-        _refuse_if_not_the_kits(str(path), names, kits)
+        _refuse_if_not_the_kits(where, str(path))
     except (OSError, NotTheKitsFolderError) as exc:
         return str(exc)
     return ""
 
 
-def _refuse_if_not_the_kits(shown: str, names: list[str], kits: bool) -> None:
-    """Raise :class:`NotTheKitsFolderError` for a folder holding ``names`` that is not ``kits``
-    (executed notebooks aside: papermill writes its output before the notebook runs)."""
+def _claim(where: Location, shown: str) -> None:
+    """The claim both :func:`claim_output_dir` and :func:`claim_location` make: refuse ``where`` if it
+    holds files the kit did not write, then mark it as the kit's (the first write: a folder or store
+    that refuses writes stops here, naming ``shown``)."""
+    _refuse_if_not_the_kits(where, shown)
+    if where.remote:
+        write_or_explain(where / MARKER, MARKER_TEXT)
+        return
+    try:
+        (where / MARKER).write_text(MARKER_TEXT)
+    except OSError as exc:
+        raise PermissionError(f"OUTPUT_DIR={shown!r} is not writable: {exc}") from exc
+
+
+def _refuse_if_not_the_kits(where: Location, shown: str) -> None:
+    """Raise :class:`NotTheKitsFolderError` if ``where`` holds files and is not the kit's: no
+    :data:`MARKER` and no ``run.json`` of the kit's (earlier versions wrote no marker). Executed
+    notebooks aside: papermill writes its output before the notebook runs. A folder in object storage
+    is checked within seconds (:func:`helpers.location.check_reachable`); one that does not exist
+    yet holds nothing."""
+    names = check_reachable(where) if where.remote else where.children()
     others = sorted(n for n in names if not n.endswith(".ipynb"))
-    if kits or not others:
+    if not others or MARKER in names or (RUN_FILE in names and _kit_run_file(where / RUN_FILE)):
         return
     listed = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
     raise NotTheKitsFolderError(
@@ -213,16 +228,6 @@ def staging_folder(location: Location) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"llm-batch-kit-staging-{digest}-"))
 
 
-def claim_location(location: Location) -> None:
-    """:func:`claim_output_dir` for a folder in object storage: check that it can be used
-    (:func:`helpers.location.check_reachable`, within seconds), refuse one that holds files the kit
-    did not write, and mark it as the kit's."""
-    names = check_reachable(location)
-    _refuse_if_not_the_kits(str(location), names, MARKER in names or (RUN_FILE in names and
-                                                                      _kit_run_file(location / RUN_FILE)))
-    write_or_explain(location / MARKER, MARKER_TEXT)  # also the first write: a read-only store stops here
-
-
 class NodeLocalOutputError(RuntimeError):
     """``OUTPUT_DIR`` is a folder some of the cluster's nodes do not see: their results would be lost."""
 
@@ -241,7 +246,8 @@ def check_every_node_sees(folder, timeout_s: float = 120) -> int:
     from pathlib import Path
 
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from helpers.node_cache import on_each_node
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) <= 1:
@@ -256,13 +262,14 @@ def check_every_node_sees(folder, timeout_s: float = 120) -> int:
         except OSError as exc:
             return f"({type(exc).__name__})"
 
-    reader = ray.remote(num_cpus=0, max_retries=0)(read_marker)
     try:
-        refs = {n["NodeID"]: reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
-                .remote(str(marker)) for n in nodes}
-        seen = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout_s)))
+        answers = on_each_node(read_marker, [str(marker)], nodes, timeout_s)
     finally:
         marker.unlink(missing_ok=True)
+    for answer in answers:
+        if isinstance(answer, BaseException):
+            raise answer
+    seen = {n["NodeID"]: answer for n, answer in zip(nodes, answers)}
     blind = [n for n in nodes if seen[n["NodeID"]] != token]
     if blind:
         names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})" for n in blind)

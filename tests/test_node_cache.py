@@ -79,5 +79,33 @@ def test_every_worker_of_a_run_prepares_it_on_its_node_first(fresh_record, tmp_p
 
         engine = Engine.options(runtime_env={"env_vars": {"ENGINE": "1"}}).remote()
         assert ray.get(engine.has.remote(str(shard))) == (True, "1")
+
+        # The one way both node checks ask every node: an answer, a failure or a timeout per node.
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert node_cache.on_each_node(lambda x: x + 1, [1], nodes, 60) == [2]
+        [failed] = node_cache.on_each_node(lambda: 1 / 0, [], nodes, 60)
+        assert isinstance(failed, ray.exceptions.RayTaskError) and "ZeroDivisionError" in str(failed)
+        [late] = node_cache.on_each_node(lambda s: __import__("time").sleep(s), [30], nodes, 1)
+        assert isinstance(late, ray.exceptions.GetTimeoutError)
     finally:
         ray.shutdown()
+
+
+def test_the_jobs_runtime_env_is_read_in_one_place(fresh_record, tmp_path, monkeypatch):
+    """``engine.job_env_vars`` and ``node_cache`` each parsed Ray's job config, in two ways."""
+    from pathlib import Path
+
+    from helpers import engine
+
+    helpers = Path(node_cache.__file__).parent
+    assert [p.name for p in sorted(helpers.glob("*.py")) if "RAY_JOB_CONFIG_JSON_ENV_VAR" in p.read_text()] == \
+        ["engine.py"]
+    sample_images.prepare_sample_images(tmp_path / "cache")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(
+        {"runtime_env": {"worker_process_setup_hook": "theirs.setup", "env_vars": {"A": "1"}}}))
+    assert engine.job_runtime_env()["worker_process_setup_hook"] == "theirs.setup"
+    assert engine.job_env_vars() == {"A": "1"}
+    assert node_cache.runtime_env({"env_vars": {}}) == {"env_vars": {}}  # the job's hook wins, read the same way
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": ["not", "a", "mapping"]}')
+    assert engine.job_runtime_env() == {} and engine.job_env_vars() == {}
+    assert node_cache.runtime_env({"env_vars": {}})["worker_process_setup_hook"] == node_cache.HOOK

@@ -159,6 +159,35 @@ def test_helpers_are_small_modules_each_listed_with_its_job():
         assert ast.get_docstring(ast.parse(text)), f"{module.name} has no docstring saying its job"
 
 
+def test_no_helpers_module_uses_anothers_private_names():
+    """A module that needs another's function gets a public one (hf_images once imported six private
+    functions of image_data): ``from helpers.x import _y`` and ``x._y`` on a helpers module are refused."""
+    import ast
+
+    found = []
+    for module in sorted((REPO / "helpers").glob("*.py")):
+        tree = ast.parse(module.read_text())
+        imported = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module == "helpers" for alias in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers"):
+                found += [f"{module.name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and a.name != "__version__"]
+            elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                  and isinstance(node.value, ast.Name) and node.value.id in imported):
+                found.append(f"{module.name}: {node.value.id}.{node.attr}")
+    assert not found, found
+
+
+def test_no_package_is_committed_in_the_repository():
+    """A pyflakes wheel sat at the root, used by nothing: what a check needs comes from the set-up."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "*.whl", "*.tar.gz", "*.egg"], cwd=REPO, capture_output=True,
+                             text=True).stdout.split() if (REPO / ".git").exists() else []
+    assert not tracked + [p.name for p in REPO.glob("*.whl")], "committed packages: install them in the set-up instead"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_a_notebook_imports_a_few_helpers_modules(path):
     new_project = load_script("new_project")

@@ -199,6 +199,55 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_left_as_it_is(tmp_path):
     assert not (legacy / outputs.PARTS).exists() and len(list((legacy / outputs.EARLIER).glob("*/parts"))) == 1
 
 
+def test_every_claim_of_a_folder_answers_the_same(tmp_path):
+    """claim_output_dir (the run), output_dir_problem (the check before anything starts) and
+    claim_location (a bucket, tests/test_bucket_output.py) share one check: the same folders pass."""
+    folders = {name: tmp_path / name for name in ("new", "empty", "kits", "legacy", "foreign", "notebook")}
+    for name in ("empty", "kits", "legacy", "foreign", "notebook"):
+        folders[name].mkdir()
+    (folders["kits"] / outputs.MARKER).write_text(outputs.MARKER_TEXT)
+    (folders["kits"] / "mine.txt").write_text("")
+    (folders["legacy"] / outputs.RUN_FILE).write_text('{"fingerprint": "abc"}')
+    (folders["foreign"] / outputs.RUN_FILE).write_text('{"steps": 1000}')  # someone else's run.json
+    (folders["notebook"] / "run.ipynb").write_text("{}")
+    for name, folder in folders.items():
+        problem = output_dir.output_dir_problem(str(folder))
+        try:
+            output_dir.claim_output_dir(folder)
+            claimed = ""
+        except output_dir.NotTheKitsFolderError as exc:
+            claimed = str(exc)
+        assert problem == claimed, name
+        assert bool(claimed) == (name == "foreign"), name
+        assert (folder / outputs.MARKER).exists() == (name != "foreign")
+
+
+def test_the_output_folder_check_names_each_node_that_does_not_see_it(tmp_path, monkeypatch):
+    """check_every_node_sees asks every node through node_cache.on_each_node, as the cache check does."""
+    import ray
+
+    from helpers import node_cache
+
+    nodes = [{"NodeID": f"{n}" * 16, "NodeManagerAddress": f"10.0.0.{n}", "Alive": True} for n in (1, 2)]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes + [{"NodeID": "3" * 16, "Alive": False}])
+    asked = []
+
+    def on_each_node(fn, args, asked_nodes, timeout_s, runtime_env=None):
+        asked.append([n["NodeID"] for n in asked_nodes])
+        return [fn(*args), "(FileNotFoundError)"]  # the first node sees the folder, the second does not
+
+    monkeypatch.setattr(node_cache, "on_each_node", on_each_node)
+    with pytest.raises(output_dir.NodeLocalOutputError, match=r"1 of the Ray cluster's 2 nodes do not see: 10\.0\.0\.2"):
+        output_dir.check_every_node_sees(tmp_path)
+    assert asked == [["1" * 16, "2" * 16]] and not list(tmp_path.iterdir())  # the marker is removed
+    monkeypatch.setattr(node_cache, "on_each_node", lambda fn, args, *rest, **kw: [fn(*args), fn(*args)])
+    assert output_dir.check_every_node_sees(tmp_path) == 2
+    lost = ray.exceptions.GetTimeoutError("no answer")
+    monkeypatch.setattr(node_cache, "on_each_node", lambda *a, **k: ["", lost])
+    with pytest.raises(ray.exceptions.GetTimeoutError):
+        output_dir.check_every_node_sees(tmp_path)
+
+
 def _interrupted_with(out: Path, committed, pending=None):
     """``out`` as a run left it: ``committed`` (a table) written and its checkpoint committed, and
     ``pending`` written with its checkpoint still pending (killed in between); then claimed again to
