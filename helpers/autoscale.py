@@ -23,11 +23,14 @@ def bundles(budget: CpuBudget, accelerator_type: str | None, gpus_per_replica: f
     """The resource shapes the run takes, as ``request_resources`` gets them: one per engine replica (its
     GPUs of ``accelerator_type`` and its CPU; on CPUs, its CPU), one per light stage actor, one for the
     short tasks. Ray's autoscaler adds the nodes these shapes need beyond what the cluster has."""
-    engine: dict[str, float] = {"CPU": budget.engine_cpus}
-    if accelerator_type:  # the replica's GPUs on one node, as its actors and vLLM's placement group take them
-        engine.update({"GPU": gpus_per_replica or 1.0, f"accelerator_type:{accelerator_type}": 0.001})
+    engine: list[dict[str, float]] = [{"CPU": budget.engine_cpus}]
+    if accelerator_type:  # as Ray Data LLM places a replica: its actor, then one bundle per GPU worker
+        workers = 1 if gpus_per_replica <= 1 else round(gpus_per_replica)  # tp x pp workers of one GPU each
+        gpu = {"GPU": min(gpus_per_replica or 1.0, 1.0), f"accelerator_type:{accelerator_type}": 0.001}
+        engine = [{**engine[0], **gpu}] + [dict(gpu) for _ in range(workers - 1)]
     light = [{"CPU": budget.stage_cpus}] * budget.stage_actors if budget.stage_cpus else []
-    return [dict(engine) for _ in range(budget.engine_replicas)] + [dict(b) for b in light] + [{"CPU": budget.task_cpus}]
+    return ([dict(b) for _ in range(budget.engine_replicas) for b in engine] + [dict(b) for b in light]
+            + [{"CPU": budget.task_cpus}])
 
 
 def describe_bundles(shapes: list[dict[str, float]]) -> str:
@@ -114,9 +117,9 @@ def _infeasible(kind: str, version: int) -> bool:
 
 
 def _resources() -> dict[str, Any]:
-    import ray
+    from helpers.topology import read_cluster
 
-    return dict(ray.cluster_resources())
+    return read_cluster()
 
 
 def _alive_nodes() -> int:
@@ -131,6 +134,26 @@ def say(line: str) -> None:
     print(line, flush=True)
     if not interactive():
         print(f"[llm-batch-kit] {line}", file=log_stream(), flush=True)
+
+
+def wait_for_gpus(cluster: dict[str, Any], wanted: tuple[str, int] | None, *, timeout_s: float,
+                  poll_s: float = 5) -> dict[str, Any]:
+    """A cluster that scales from zero shows no GPUs until work asks for them. With ``wanted`` (the
+    type and count you named: ``ACCELERATOR_TYPE``, ``CONCURRENCY``), its autoscaler is asked for them,
+    one GPU a bundle, and they are waited for as a named preset's are (:func:`wait_for`); without,
+    GPU nodes that join within ``timeout_s`` are. Returns the cluster as it is then."""
+    from helpers.topology import gpu_problems
+
+    if wanted:
+        gpu_type, count = wanted
+        one = {"GPU": 1.0, f"accelerator_type:{gpu_type}": 0.001}
+        return wait_for(cluster, [dict(one) for _ in range(count)], lambda c: gpu_problems(c, gpu_type, 1, count),
+                        timeout_s=timeout_s, poll_s=poll_s)[0]
+    deadline = time.monotonic() + timeout_s
+    while not cluster.get("GPU") and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        cluster = _resources()
+    return cluster
 
 
 def wait_for(cluster: dict[str, Any], shapes: list[dict[str, float]], problems: Callable[[dict[str, Any]], list[str]],

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from helpers.engine import blocks_for_every_replica, max_replicas
-from helpers.gpus import GPUS
+from helpers.gpus import ACTIVATIONS, GPUS, memory_budget
 from helpers.presets import Preset
-from helpers.shapes import BYTES_PER_WEIGHT, GIB, KNOWN_MODELS, ModelShape
+from helpers.shapes import GIB, KNOWN_MODELS, ModelShape
 
 @dataclass(frozen=True)
 class Finding:
@@ -36,28 +36,30 @@ def batching(batch_size: int, max_concurrent_batches: int, max_num_seqs: int) ->
     return []
 
 
-def memory(preset: Preset, shape: ModelShape, overhead_fraction: float = 0.1) -> list[Finding]:
-    """Weights and KV cache per GPU against ``gpu_memory_utilization`` of the preset's GPU."""
+def memory(preset: Preset, shape: ModelShape) -> list[Finding]:
+    """Weights and KV cache per GPU against the engine's budget (:func:`helpers.gpus.memory_budget`)
+    on the preset's GPU: its memory as measured where it was, else the kit's table."""
     if not preset.accelerator_type:
         return []
-    gpu = GPUS.get(preset.accelerator_type)
-    if gpu is None:
+    memory_gib = preset.gpu_memory
+    if memory_gib is None:
         return [Finding("warning", f"no memory data for GPU type {preset.accelerator_type!r}; "
                                    f"known: {sorted(GPUS)}")]
+    where = f"{preset.accelerator_type} ({memory_gib:.0f} GiB{', measured' if preset.gpu_memory_gib else ''})"
     shards = preset.tensor_parallel_size * preset.pipeline_parallel_size
-    budget = gpu.memory_gib * GIB * preset.memory_share * (1 - overhead_fraction)  # this replica's
-    weights = shape.parameters * BYTES_PER_WEIGHT.get(preset.quantization, 2.0) / shards
+    budget = memory_budget(memory_gib, preset.memory_share)  # this replica's
+    weights = shape.weight_bytes(preset.quantization) / shards
     kv = shape.kv_bytes_per_token * preset.max_num_seqs * preset.max_model_len / shards
     if weights > budget:
-        return [Finding("error", f"weights need {weights / GIB:.1f} GiB per GPU but {gpu.name} offers "
+        return [Finding("error", f"weights need {weights / GIB:.1f} GiB per GPU but {where} offers "
                                  f"{budget / GIB:.1f} GiB (at gpu_memory_utilization={preset.memory_share}, "
-                                 f"{overhead_fraction:.0%} kept for activations): use more GPUs per replica "
+                                 f"{ACTIVATIONS:.0%} kept for activations): use more GPUs per replica "
                                  f"(tensor_parallel_size) or quantization")]
     if weights + kv > budget:
         fits = int((budget - weights) / (shape.kv_bytes_per_token * preset.max_model_len / shards))
         return [Finding("warning", f"weights {weights / GIB:.1f} GiB + KV cache for {preset.max_num_seqs} sequences x "
                                    f"{preset.max_model_len} tokens {kv / GIB:.1f} GiB = {(weights + kv) / GIB:.1f} GiB "
-                                   f"> {budget / GIB:.1f} GiB per {gpu.name}: only ~{fits} full-length sequences fit at "
+                                   f"> {budget / GIB:.1f} GiB per {where}: only ~{fits} full-length sequences fit at "
                                    f"once (vLLM queues the rest); lower max_model_len or max_num_seqs to match")]
     return []
 

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from helpers import autoscale, engine, node_cache
+from helpers import autoscale, engine, node_cache, topology
 from helpers.engine import CpuBudget
 from helpers.errors import Explained
-from helpers.gpus import gpu_label
+from helpers.gpus import gpu_label, ray_label
 from helpers.output_dir import prepare_output_dir
 from helpers.outputs import RunOutputs, describe_request
 from helpers.progress import dashboard, interactive
@@ -139,21 +139,22 @@ def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False
         kwargs.update(address=address, runtime_env=node_cache.runtime_env({"env_vars": env_vars}))
     ray.init(**kwargs)
     node_cache.check_every_node_has()  # the offline model and sample images on every node, before any read
-    return ray.cluster_resources()
+    return topology.read_cluster()
 
 
-def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
+def visible_cluster(wait_s: float = 0, poll_s: float = 5, wanted: tuple[str, int] | None = None) -> dict[str, Any]:
     """What ``PRESET="auto"`` chooses from, in the shape of ``ray.cluster_resources()``.
 
     On a Ray cluster the run joins (:func:`cluster_address`): the cluster's
-    resources. With ``RAY_ADDRESS`` set (a Ray job, a remote cluster), it waits up to ``wait_s`` for
-    GPU workers to join (a cluster that scales from zero shows none at first) and marks the result
-    ``"remote": True``; a cluster ``ray start`` left running on this machine is read as it is.
+    resources, node by node, each GPU type's memory measured on one of its nodes. With ``RAY_ADDRESS``
+    set (a Ray job, a remote cluster), it waits up to ``wait_s`` for GPU workers (a cluster that scales
+    from zero shows none at first), asking its autoscaler for the ``wanted`` GPUs (type, count) where
+    you named them (:func:`helpers.autoscale.wait_for_gpus`), and marks the result ``"remote": True``;
+    a cluster ``ray start`` left running on this machine is read as it is.
     Otherwise: this machine's CUDA GPUs (type, count and measured memory), which the local Ray will
     have. Before the run's own Ray start, so the run's CPU budget can follow the choice.
     """
     import os
-    import time
 
     address = cluster_address()
     if address:
@@ -163,12 +164,10 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
             enable_token_auth_if_available()
             ray.init(address=address, log_to_driver=False)
         remote = bool(os.environ.get("RAY_ADDRESS"))
-        deadline = time.monotonic() + (wait_s if remote else 0)
-        resources = dict(ray.cluster_resources())
-        while resources.get("GPU", 0) == 0 and time.monotonic() < deadline:
-            time.sleep(poll_s)
-            resources = dict(ray.cluster_resources())
-        return {**resources, "remote": remote}
+        resources = topology.read_cluster()
+        if remote and not resources.get("GPU") and wait_s:
+            resources = autoscale.wait_for_gpus(resources, wanted, timeout_s=wait_s, poll_s=poll_s)
+        return {**topology.with_measured_memory(resources), "remote": remote}
     cluster: dict[str, Any] = {"CPU": float(os.cpu_count() or 1)}
     try:
         import torch
@@ -178,7 +177,8 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5) -> dict[str, Any]:
             props = torch.cuda.get_device_properties(0)
             memory = props.total_memory / 1024**3
             cluster.update({"GPU": float(count), f"accelerator_type:{gpu_label(props.name)}": 1.0,
-                            "gpu_memory_gib": memory})
+                            "gpu_memory_gib": memory,
+                            topology.NODES: [{"gpu_type": gpu_label(props.name), "gpus": count, "memory_gib": memory}]})
     except ImportError:
         pass
     return cluster
@@ -202,9 +202,8 @@ def schedulability_problems(cluster: dict[str, float], budget: CpuBudget, accele
         if have < needed:
             problems.append(f"{budget.engine_replicas} engine replicas x {gpus_per_replica:g} GPU need {needed} GPUs, "
                             f"but the cluster has {have:g}")
-        elif not any(k == f"accelerator_type:{accelerator_type}" for k in cluster):
-            types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
-            problems.append(f"ACCELERATOR_TYPE={accelerator_type!r} is not in the cluster (it has: {types or 'none'})")
+        else:
+            problems += topology.gpu_problems(cluster, accelerator_type, gpus_per_replica, budget.engine_replicas)
     return problems
 
 
@@ -315,7 +314,9 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     progress = interactive()  # the kit's one line that updates in place; Ray's own reports only with verbose
     address = cluster_address()
     cluster = _init_ray(budget, env, verbose=verbose, progress=verbose)
-    accelerator, gpus = run_config.accelerator_type, run_config.gpus_per_replica
+    # Ray's label for the type (an A100-80G preset schedules on nodes Ray labelled A100)
+    accelerator = ray_label(run_config.accelerator_type) if run_config.accelerator_type else None
+    gpus = run_config.gpus_per_replica
     why = ""
     if address is not None and schedulability_problems(cluster, budget, accelerator, gpus):  # a cluster may grow
         cluster, why = autoscale.wait_for(cluster, autoscale.bundles(budget, accelerator, gpus or 1),
@@ -329,7 +330,7 @@ def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: i
     owner = uuid.uuid4().hex
     ray.data.DataContext.get_current().set_config(OWNER_KEY, owner)  # datasets read from now on carry it
     return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
-                   placement=engine.engine_placement(run_config.accelerator_type,
+                   placement=engine.engine_placement(accelerator,
                                                      gpus_per_replica=run_config.gpus_per_replica or 1.0),
                    stage_cpus=stage_cpus, startup_timeout_s=startup_timeout_s, address=address,
                    batch_size=run_config.batch_size, owner=owner, connection=_connection())

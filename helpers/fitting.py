@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from helpers import short_runs
+from helpers import short_runs, topology
 from helpers.models import OFFLINE
-from helpers.gpus import GPUS, RAY_STEP_TOKENS_NOTE, cpu_dtype, kv_cache_estimate, offline_engine_defaults
+from helpers.gpus import (GPUS, RAY_STEP_TOKENS_NOTE, cpu_dtype, kv_cache_estimate, memory_budget,
+                          offline_engine_defaults)
 from helpers.presets import CPU_PRESET, DEFAULT_GPU_PRESET, PRESETS, Preset, names
 
 
@@ -17,62 +18,62 @@ class AutoPresetError(RuntimeError):
     """``PRESET="auto"`` cannot choose safely from what the cluster shows; the message says what to do."""
 
 
-def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
-          replicas_per_gpu: int | None = None, max_model_len: int | None = None) -> Preset:
+def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None, replicas_per_gpu: int | None = None,
+          max_model_len: int | None = None, accelerator_type: str | None = None) -> Preset:
     """The run configuration that fits ``cluster`` (see :func:`select`)."""
     import math
 
     from helpers.shapes import GIB, model_shape
 
-    gpus = int(cluster.get("GPU", 0))
-    if gpus == 0:
+    choice = topology.choose(cluster, accelerator_type)
+    if choice.gpus == 0:
+        if accelerator_type is not None and cluster.get("GPU"):
+            raise AutoPresetError(f"ACCELERATOR_TYPE={accelerator_type!r}: the cluster has no such GPUs "
+                                  f"({topology.choose(cluster).describe()}). Set ACCELERATOR_TYPE=None to plan for "
+                                  "the GPUs it has, or name the type Ray labels them with.")
         if cluster.get("remote"):
             raise AutoPresetError(
                 "PRESET='auto' found no GPUs on the Ray cluster (one that scales from zero, like job.yaml's "
                 "min_nodes: 0, shows none until work asks for them), and will not fall back to the CPU preset "
-                f"there. Name a preset for the GPUs you want, e.g. PRESET={DEFAULT_GPU_PRESET[task]!r} "
-                f"(presets: {names(task)[1:]}).")
+                "there. Set ACCELERATOR_TYPE to the GPU type its nodes have, as Ray labels them (e.g. 'L4'), and "
+                "'auto' asks the autoscaler for them (CONCURRENCY of them, else one) and plans on what comes; or name "
+                f"a preset for the GPUs you want, e.g. PRESET={DEFAULT_GPU_PRESET[task]!r} (presets: {names(task)[1:]}).")
         return PRESETS[CPU_PRESET[task]].override(description="auto: no GPU visible, so the offline CPU preset")
-    types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
-    gpu_type = types[0] if types else None
+    gpu_type = choice.gpu_type
     base = PRESETS[DEFAULT_GPU_PRESET[task]]
     # The offline model unless you name one: the defaults run wherever they run, with no download.
     # It is fitted as the tutorial's model (the safe side: a tiny model needs less of everything).
     model = model_source if model_source not in (None, OFFLINE) else base.model_source
-    known = GPUS.get(gpu_type or "")
-    # Measured memory (a local GPU) first: the same type comes in several sizes (A100: 40 or 80 GiB).
-    memory = cluster.get("gpu_memory_gib") or (known.memory_gib if known else None)
+    memory = choice.memory_gib
     reasons = {}
     if model_source is None:
         reasons["model_source"] = (f"the offline model, so the defaults run anywhere with no download; set MODEL_SOURCE "
                                    f"to a hub id or folder for a real one (the tutorial's: {base.model_source}). The "
                                    f"settings below are sized for {base.model_source}, which needs more than the offline one")
+    reasons["accelerator_type"] = f"planned for {choice.describe()}"
     if memory is None:
         memory = min(g.memory_gib for g in GPUS.values())
-        reasons["accelerator_type"] = (f"detected {gpus} x {gpu_type or 'GPU of no reported type'}; memory unknown, "
-                                       f"so the smallest known ({memory:g} GiB) is assumed")
-    else:
-        reasons["accelerator_type"] = f"detected {gpus} x {gpu_type} ({memory:.0f} GiB each)"
+        reasons["accelerator_type"] += f"; the smallest known memory ({memory:g} GiB) is assumed"
     shape = model_shape(model)
-    budget = memory * GIB * base.gpu_memory_utilization * 0.9  # 10% for activations, as the checks assume
-    tp = 1
-    if shape is not None:
-        # Tensor parallelism only when the weights do not fit one GPU with room for a KV cache.
-        while shape.parameters * 2 / tp > 0.8 * budget and tp < min(gpus, 8):
-            tp *= 2
-        if shape.parameters * 2 / tp > 0.8 * budget:
-            assumed = "" if known or cluster.get("gpu_memory_gib") else (
-                f" (the kit does not know {gpu_type!r} and the cluster does not say its memory: "
-                f"{memory:g} GiB was assumed; set ACCELERATOR_TYPE, CONCURRENCY and MAX_MODEL_LEN yourself)")
-            raise AutoPresetError(f"PRESET='auto': {model} needs ~{shape.parameters * 2 / GIB:.0f} GiB of weights, "
-                                  f"more than {gpus} x {gpu_type} can hold{assumed}. Name a preset with more GPUs "
-                                  f"or quantization (presets: {names(task)[1:]}).")
+    budget = memory_budget(memory, base.gpu_memory_utilization)
+    tp = shape.tensor_parallel_size(budget, choice.largest_node) if shape is not None else 1
+    if tp is None and model_source is None:  # the offline model is what runs: it fits any GPU
+        shape, tp = None, 1
+        reasons["model_source"] = (f"the offline model, so the defaults run anywhere with no download; {base.model_source} "
+                                   f"(the tutorial's) would not fit {choice.describe()}, so the settings are not sized for it")
+    if tp is None:
+        raise AutoPresetError(_refusal(task, model, shape, choice, memory))
+    if replicas_per_gpu is not None and replicas_per_gpu > 1 and tp > 1:
+        raise AutoPresetError(f"REPLICAS_PER_GPU={replicas_per_gpu}: {model} needs {tp} GPUs per replica (tensor "
+                              "parallelism), and a replica that spans GPUs cannot share them with another. "
+                              "Set REPLICAS_PER_GPU=None.")
     length = max_model_len or base.max_model_len  # the run's, when known: the KV cache holds that many tokens a row
     share, why_share = _replicas_per_gpu(task, shape, budget, tp, length, model)
     if replicas_per_gpu is not None:  # yours: the replicas and memory below follow it
         share, why_share = replicas_per_gpu, "your parameter"
-    replicas = max(1, gpus // tp) * share
-    reasons["concurrency"] = (f"{gpus} GPUs / {tp} per replica" if tp > 1 else
+    gpus = choice.gpus
+    replicas = choice.replicas(tp) * share
+    reasons["concurrency"] = (f"{choice.replicas(tp)} replicas of {tp} GPUs, each inside one node" if tp > 1 else
                               f"{share} replicas on each of {gpus} GPUs" if share > 1 else f"one replica per GPU ({gpus})")
     reasons["replicas_per_gpu"] = why_share
     if tp > 1:
@@ -104,10 +105,34 @@ def _auto(task: str, cluster: Mapping[str, Any], model_source: str | None,
     return base.override(
         name=f"auto ({gpus}x{gpu_type})", model_source=model_source or OFFLINE, accelerator_type=gpu_type,
         concurrency=replicas, tensor_parallel_size=tp,
-        replicas_per_gpu=share, gpu_memory_gib=cluster.get("gpu_memory_gib"),
+        replicas_per_gpu=share, gpu_memory_gib=choice.memory_gib if choice.memory_basis == "measured" else None,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=step_tokens, num_blocks=num_blocks,
         max_concurrent_batches=max(base.max_concurrent_batches, in_flight),
         description=f"auto: chosen for {gpus} x {gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
+
+
+def _refusal(task: str, model: str, shape: Any, choice: topology.GpuChoice, memory: float) -> str:
+    """Why "auto" cannot place ``model`` on ``choice``, and the named presets that would run there: those
+    of the model whose replicas fit one node (and, where the memory is known, whose weights fit it)."""
+    from helpers.shapes import GIB
+
+    known = choice.memory_gib is not None
+    working = []
+    for p in PRESETS.values():
+        world = p.tensor_parallel_size * p.pipeline_parallel_size
+        fits = p.pipeline_parallel_size == 1 and world <= choice.largest_node and shape.divides(world)
+        if p.task == task and p.model_source == model and fits and (not known or (
+                shape.weight_bytes(p.quantization) / world <= 0.8 * memory_budget(memory, p.memory_share))):
+            working.append(f"PRESET={p.name!r}, ACCELERATOR_TYPE={choice.gpu_type!r}, CONCURRENCY={choice.replicas(world)}")
+    where = (f"{shape.weight_bytes() / GIB:.0f} GiB of 16-bit weights do not fit {choice.describe()} "
+             f"in tensor-parallel groups inside one node ({choice.largest_node} GPUs at most"
+             f"{f', and {shape.attention_heads} attention heads to divide' if shape.attention_heads else ''})")
+    if not known:
+        where += f": the kit does not know {choice.gpu_type!r} and assumed {memory:g} GiB"
+    if working:
+        return f"PRESET='auto': {model}'s {where}. {'These run' if known else 'Named presets need no memory table'}: {'; '.join(working)}."
+    return (f"PRESET='auto': {model}'s {where}, nor does any preset of it. Use GPUs with more memory or more "
+            f"of them on one node, or a quantized checkpoint as MODEL_SOURCE (presets: {names(task)[1:]}).")
 
 
 #: Replicas that share a GPU when one engine cannot keep it busy (:func:`_replicas_per_gpu`).
@@ -167,7 +192,7 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
     if name == "auto":
         preset = _auto(task, cluster or {}, overrides.get("model_source"), overrides.get("replicas_per_gpu"),
-                       overrides.get("max_model_len"))
+                       overrides.get("max_model_len"), overrides.get("accelerator_type"))
     elif name in PRESETS:
         preset = PRESETS[name]
     else:
@@ -175,6 +200,10 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     if preset.task != task:
         raise ValueError(f"preset {name!r} is for the {preset.task} task, not {task}")
     preset = preset.override(**overrides) if overrides else preset
+    world = preset.tensor_parallel_size * preset.pipeline_parallel_size
+    if world > 1 and preset.replicas_per_gpu > 1:
+        raise ValueError(f"REPLICAS_PER_GPU={preset.replicas_per_gpu} with preset {preset.name!r}, whose replicas span "
+                         f"{world} GPUs each: a replica over several GPUs cannot share them. Set REPLICAS_PER_GPU=None.")
     if "num_blocks" not in overrides:  # a NUM_BLOCKS you give is kept
         preset = blocks_for_every_replica(preset)
     if preset.stage_cpus is None:

@@ -26,6 +26,15 @@ GPUS: dict[str, Gpu] = {g.name: g for g in [
 ]}
 
 
+def ray_label(accelerator_type: str) -> str:
+    """The label Ray gives nodes of ``accelerator_type`` (``accelerator_type:<label>``), what the engines
+    are scheduled on: Ray names a GPU by its NVML model token (:func:`gpu_label`), which does not say
+    an A100's memory, so both A100 sizes are labelled ``A100`` (Ray's ``A100-80G`` constant is never
+    added to a node: ray.util.accelerators). The kit's ``A100-40G``/``A100-80G`` say the memory a preset
+    needs; they schedule on ``A100`` nodes."""
+    return "A100" if accelerator_type.upper().startswith("A100") else accelerator_type
+
+
 #: Why a preset asks for a step size at all (shown in the settings table).
 RAY_STEP_TOKENS_NOTE = "Ray's engine stage alone would take 2048"
 
@@ -81,12 +90,28 @@ def cpu_dtype(cpu_flags: set[str] | None = None) -> tuple[str, str]:
     return "float32", "this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16): float32 runs several times faster"
 
 
-def kv_cache_estimate(shape: Any, memory_gib: float, memory_share: float, shards: int = 1,
-                      overhead_fraction: float = 0.1) -> float:
-    """Bytes of KV cache one engine gets on a GPU of ``memory_gib``: its share of the memory
-    (``gpu_memory_utilization``), less ``overhead_fraction`` for activations, less its weights
-    (16-bit, split over ``shards`` GPUs). vLLM measures the activations instead; RESULTS.md compares
-    this estimate with the cache vLLM reports."""
+#: The share of an engine's memory the kit's plans keep for activations (vLLM measures them instead).
+ACTIVATIONS = 0.1
+
+
+def memory_of(accelerator_type: str | None, measured_gib: float | None = None) -> float | None:
+    """GiB of one GPU: ``measured_gib`` where measured, else the kit's table for the type; None if neither."""
+    known = GPUS.get(accelerator_type or "")
+    return measured_gib or (known.memory_gib if known else None)
+
+
+def memory_budget(memory_gib: float, memory_share: float) -> float:
+    """Bytes one engine may fill with weights and KV cache on a GPU of ``memory_gib``: its share of
+    the memory (``gpu_memory_utilization``) less :data:`ACTIVATIONS`. The one budget behind "auto",
+    the KV-cache estimate and the memory check."""
     from helpers.shapes import GIB
 
-    return memory_gib * GIB * memory_share * (1 - overhead_fraction) - shape.parameters * 2 / shards
+    return memory_gib * GIB * memory_share * (1 - ACTIVATIONS)
+
+
+def kv_cache_estimate(shape: Any, memory_gib: float, memory_share: float, shards: int = 1,
+                      quantization: str | None = None) -> float:
+    """Bytes of KV cache one engine gets on a GPU of ``memory_gib``: :func:`memory_budget` less its
+    weights (as ``quantization`` stores them, split over ``shards`` GPUs). vLLM measures the
+    activations instead; RESULTS.md compares this estimate with the cache vLLM reports."""
+    return memory_budget(memory_gib, memory_share) - shape.weight_bytes(quantization) / shards

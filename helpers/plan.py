@@ -11,6 +11,7 @@ from typing import Any
 import pandas as pd
 
 from helpers import checks, cluster, fitting, models, sizing
+from helpers.gpus import ray_label
 from helpers.inputs import Input
 from helpers.presets import PRESETS, Preset
 from helpers.shapes import model_shape
@@ -61,8 +62,13 @@ def _parameters(p: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _seen(p: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The GPUs "auto" fits to (it waits for a cluster that scales from zero); None for a named preset."""
-    return cluster.visible_cluster(wait_s=p["STARTUP_TIMEOUT_S"]) if p["PRESET"] == "auto" else None
+    """The GPUs "auto" fits to (it waits for a cluster that scales from zero, asking its autoscaler for
+    the GPUs ``ACCELERATOR_TYPE`` and ``CONCURRENCY`` name); None for a named preset."""
+    if p["PRESET"] != "auto":
+        return None
+    count = p.get("CONCURRENCY") if isinstance(p.get("CONCURRENCY"), int) else 1
+    wanted = (ray_label(p["ACCELERATOR_TYPE"]), count) if p.get("ACCELERATOR_TYPE") else None
+    return cluster.visible_cluster(wait_s=p["STARTUP_TIMEOUT_S"], wanted=wanted)
 
 
 def _tokenizer(model_path: str, trust_remote_code: bool) -> Any:

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from helpers.gpus import GPUS, kv_cache_estimate, offline_engine_defaults
+from helpers.gpus import kv_cache_estimate, memory_of, offline_engine_defaults
 
 
 #: The executor of a short CPU run (:attr:`Preset.one_process`): vLLM's single-process one, named by
@@ -104,6 +104,12 @@ class Preset:
         return actor_pool(self.concurrency)
 
     @property
+    def gpu_memory(self) -> float | None:
+        """GiB of one of its GPUs: measured (:attr:`gpu_memory_gib`), else the kit's table; None on a
+        CPU or for a type the kit does not know."""
+        return memory_of(self.accelerator_type, self.gpu_memory_gib) if self.accelerator_type else None
+
+    @property
     def memory_share(self) -> float:
         """``gpu_memory_utilization`` for one engine: all of it, or its share where replicas share a
         GPU, less 0.01 each for the CUDA context every engine process holds outside vLLM's budget."""
@@ -130,12 +136,11 @@ class Preset:
         however the starts overlap."""
         if not self.accelerator_type or self.replicas_per_gpu == 1:
             return None
-        known = GPUS.get(self.accelerator_type)
-        memory = self.gpu_memory_gib or (known.memory_gib if known else None)
+        memory = self.gpu_memory
         shape = _budget_shape(self.model_source, self.task)
         if memory is None or shape is None:
             return None
-        budget = kv_cache_estimate(shape, memory, self.memory_share, self.tensor_parallel_size)
+        budget = kv_cache_estimate(shape, memory, self.memory_share, self.tensor_parallel_size, self.quantization)
         mib = int(budget // 2**20)
         return mib * 2**20 if mib > 0 else None
 

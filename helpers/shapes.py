@@ -27,6 +27,26 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     kv_bytes: int = 2  # 16-bit KV cache
+    #: Query heads; tensor parallelism splits them, so its size must divide them (0: unknown).
+    attention_heads: int = 0
+
+    def weight_bytes(self, quantization: str | None = None) -> float:
+        """Bytes the weights take in GPU memory: 16-bit, or as ``quantization`` stores them."""
+        return self.parameters * BYTES_PER_WEIGHT.get(quantization, 2.0)
+
+    def divides(self, tensor_parallel_size: int) -> bool:
+        """Whether ``tensor_parallel_size`` splits the attention heads evenly (as vLLM requires)."""
+        return not self.attention_heads or self.attention_heads % tensor_parallel_size == 0
+
+    def tensor_parallel_size(self, budget: float, largest_node: int, quantization: str | None = None) -> int | None:
+        """The fewest GPUs one replica needs: a power of two up to 8 whose share of the weights leaves
+        a fifth of ``budget`` (one engine's bytes: :func:`helpers.gpus.memory_budget`) for the KV cache,
+        at most the GPUs of one node (a tensor-parallel group does not span nodes) and a divisor of the
+        attention heads; None where none fits."""
+        for tp in (1, 2, 4, 8):
+            if tp <= largest_node and self.divides(tp) and self.weight_bytes(quantization) / tp <= 0.8 * budget:
+                return tp
+        return None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -62,7 +82,7 @@ class ModelShape:
             tied = c.get("tie_word_embeddings", config.get("tie_word_embeddings"))
             embeddings = c["vocab_size"] * hidden * (1 if tied else 2)
             parameters = layers * attention + mlp_total + embeddings + _vision_parameters(config, hidden)
-        return cls(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+        return cls(parameters=parameters, layers=layers, kv_heads=kv_heads, head_dim=head_dim, attention_heads=heads)
 
 
 def _vision_parameters(config: Mapping[str, Any], text_hidden: int) -> float:
@@ -119,10 +139,10 @@ def _safetensors_parameters(path: Path) -> float:
 
 #: Shapes of the presets' models, from their published config.json files (weights in billions).
 KNOWN_MODELS: dict[str, ModelShape] = {
-    "unsloth/Llama-3.1-8B-Instruct": ModelShape(8.03e9, 32, 8, 128),
-    "meta-llama/Llama-3.1-70B-Instruct": ModelShape(70.6e9, 80, 8, 128),
-    "Qwen/Qwen2.5-VL-3B-Instruct": ModelShape(3.75e9, 36, 2, 128),
-    "meta-llama/Llama-3.2-90B-Vision-Instruct": ModelShape(88.6e9, 100, 8, 128),
+    "unsloth/Llama-3.1-8B-Instruct": ModelShape(8.03e9, 32, 8, 128, attention_heads=32),
+    "meta-llama/Llama-3.1-70B-Instruct": ModelShape(70.6e9, 80, 8, 128, attention_heads=64),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ModelShape(3.75e9, 36, 2, 128, attention_heads=16),
+    "meta-llama/Llama-3.2-90B-Vision-Instruct": ModelShape(88.6e9, 100, 8, 128, attention_heads=64),
 }
 
 

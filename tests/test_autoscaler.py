@@ -329,6 +329,34 @@ def test_a_named_gpu_preset_waits_for_its_gpus_and_one_no_node_type_has_is_refus
     assert "did not add them within STARTUP_TIMEOUT_S=15 s" in refused["refused"]
 
 
+AUTO = """
+import json, sys
+from helpers import cluster, fitting, plan
+seen = plan._seen({"PRESET": "auto", "STARTUP_TIMEOUT_S": 240, "ACCELERATOR_TYPE": sys.argv[1], "CONCURRENCY": None})
+planned = fitting.select("auto", "text", cluster=seen, accelerator_type=sys.argv[1])
+session = cluster.start_ray(planned, stage_cpus=0.1, stage_actors_per_replica=1, kv_cache_gib=None, startup_timeout_s=60)
+print(json.dumps({"gpus": session.cluster.get("GPU"), "planned": [planned.accelerator_type, planned.concurrency],
+                  "placement": session.placement}))
+"""
+
+
+def test_auto_with_a_gpu_type_named_asks_a_cluster_that_scales_from_zero_for_it(autoscaling_head):
+    """PRESET="auto" on a cluster that starts with no GPU asked its autoscaler for nothing and waited out
+    STARTUP_TIMEOUT_S. With ACCELERATOR_TYPE named it asks for one such GPU, the autoscaler adds the
+    fake L4 node type, auto plans on its 4 GPUs (2 replicas each, short requests), and the run's Ray
+    start places them there. (The fake GPUs cannot run vLLM: the engines are not started here.)"""
+    gcs, env = autoscaling_head
+    result = subprocess.run([sys.executable, "-c", AUTO, "L4"], env={**env, "RAY_ADDRESS": gcs}, capture_output=True,
+                            text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:] + monitor_log(env)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["gpus"] == 4 and found["planned"] == ["L4", 4], found
+    assert found["placement"]["accelerator_type"] == "L4"
+    assert ("for the cluster's autoscaler to add nodes: ACCELERATOR_TYPE='L4' is not in the cluster (it has: none). "
+            "Requested: 1 x {GPU: 1, accelerator_type:L4: 0.001}") in result.stdout, result.stdout
+    assert "The autoscaler added them in" in result.stdout
+
+
 @pytest.mark.slow
 def test_autoscaler_v2_says_what_no_node_type_has_and_the_run_is_refused_without_waiting_it_out():
     """Autoscaler v2 (``ray up``'s default in Ray 2.60) reports requests no node type can hold: the

@@ -232,7 +232,7 @@ def test_auto_fits_one_h100():
     assert (text.concurrency, text.replicas_per_gpu, text.gpus_per_replica) == (2, 2, 0.5)
     assert text.engine_kwargs()["gpu_memory_utilization"] == 0.44 and text.max_num_seqs == 512
     assert (vision.concurrency, vision.replicas_per_gpu, vision.engine_kwargs()["gpu_memory_utilization"]) == (1, 1, 0.9)
-    assert dict(text.reasons)["accelerator_type"] == "detected 1 x H100 (80 GiB each)"
+    assert dict(text.reasons)["accelerator_type"] == "planned for 1 x H100 (80 GiB each, not measured: the kit's table for H100)"
     # What vllm.LLM would take per step there; Ray's engine stage alone gets vLLM's generic 2048.
     assert text.engine_kwargs()["max_num_batched_tokens"] == 16384
     # Rows queued per replica cover twice the engine stage's 1.1 x max_num_seqs request slots.
@@ -261,12 +261,23 @@ def test_auto_on_4_l4s_and_2_t4s_uses_tensor_parallelism_only_where_the_model_do
 def test_auto_on_an_unknown_gpu_type_uses_measured_memory_or_says_what_to_do():
     p = _auto("text", GPU=2.0, gpu_memory_gib=192.0, **{"accelerator_type:B300": 1.0})
     assert (p.accelerator_type, p.concurrency, p.tensor_parallel_size, p.gpus) == ("B300", 4, 1, 2)
-    with pytest.raises(fitting.AutoPresetError, match="does not know 'B300'"):
-        _auto("text", GPU=1.0, **{"accelerator_type:B300": 1.0})
+    # The offline model runs on any GPU: not refused for the tutorial model's size (which it is not).
+    offline = _auto("text", GPU=1.0, **{"accelerator_type:B300": 1.0})
+    assert (offline.accelerator_type, offline.concurrency, offline.tensor_parallel_size) == ("B300", 1, 1)
+    assert "would not fit 1 x B300" in dict(offline.reasons)["model_source"]
+    # A named model on a type of unknown memory: refused, naming a setting that runs there.
+    llama = "unsloth/Llama-3.1-8B-Instruct"
+    with pytest.raises(fitting.AutoPresetError, match="does not know 'B300'") as err:
+        fitting.select("auto", "text", cluster={"GPU": 1.0, "accelerator_type:B300": 1.0}, model_source=llama)
+    assert "PRESET='text-llama8b-h100', ACCELERATOR_TYPE='B300', CONCURRENCY=1" in str(err.value)
+    named = fitting.select("text-llama8b-h100", "text", accelerator_type="B300", concurrency=1)
+    assert cluster.schedulability_problems({"GPU": 1.0, "CPU": 16.0, "accelerator_type:B300": 1.0},
+                                           engine.CpuBudget(1, 1, 1.0, 1), named.accelerator_type) == []
+    assert [f.level for f in checks.memory(named, shapes.model_shape(llama))] == ["warning"]  # memory unknown
 
 
 def test_auto_never_falls_back_to_cpus_on_a_remote_cluster_without_gpus_yet():
-    with pytest.raises(fitting.AutoPresetError, match="min_nodes: 0.*Name a preset"):
+    with pytest.raises(fitting.AutoPresetError, match="min_nodes: 0.*Set ACCELERATOR_TYPE to the GPU type.*or name a preset"):
         _auto("text", CPU=8.0, remote=True)
     assert _auto("text", CPU=8.0).name == "text-cpu-offline"  # a local machine without a GPU: the CPU preset
 
@@ -348,7 +359,7 @@ def test_every_preset_skips_vllms_statistics_as_vllm_llm_does():
 def test_settings_table_says_why():
     p = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0})
     rows = {r["parameter"]: r for r in fitting.describe(p, {"ACCELERATOR_TYPE": None, "CONCURRENCY": None})}
-    assert rows["ACCELERATOR_TYPE"]["why"].startswith("detected 1 x H100")
+    assert rows["ACCELERATOR_TYPE"]["why"].startswith("planned for 1 x H100")
     assert rows["CONCURRENCY"]["why"] and rows["max_num_seqs"]["why"]
     assert rows["max_num_batched_tokens"]["value"] == "16384" and "vllm.LLM" in rows["max_num_batched_tokens"]["why"]
 
