@@ -151,8 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     if rows:
         start = min(r[0] for r in rows)
         span = result_span([f for f in args.results if f.exists()], since=start - 5)
-        if span and span[1] > span[0]:
-            steady = per_gpu(rows, *span)
+        steady = per_gpu(rows, *span) if span else {}
+        if span and not steady:
+            print(f"== no GPU sample from the first to the last result file ({span[0] - start:.0f}s to "
+                  f"{span[1] - start:.0f}s): too short to say how busy each GPU was")
+        elif steady:
             print(f"== per GPU from the first to the last result file ({span[0] - start:.0f}s to {span[1] - start:.0f}s; "
                   f"{', '.join(f'GPU{i} {n} samples' for i, (_, _, n) in steady.items())}):")
             print("\n".join(f"GPU{index}: {busy:.0f}% busy, up to {memory:.1f} GiB"

@@ -52,6 +52,10 @@
 # 2026-11-26 ran vl3b-short detached on a fresh machine after the stack's install, then again with
 # SHORT_IMAGES=2000 (OUT=/root/res2), each polled by later calls.
 # Before 2026-11-24 (second round) text8b-3 ran 3 replicas at 50,000 prompts, both sides.
+# 2026-11-27 (a machine of 4 H200s) ran, detached after the stack's install, polled by later calls, with
+# NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0 set:
+#   setsid bash -c 'for s in prep70b text8b-warm text8b-gpus1 text8b-gpus2 text8b-gpus4 text70b-tp4 text70b-auto \
+#     text70b-fp8-tp2; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
 #
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
 # calls copied /root/out/* into $OUT:

@@ -136,6 +136,14 @@ def test_gpu_timeline_reads_each_gpu_on_its_own_never_averaged(tmp_path, capsys)
     assert "4 GPU(s) [0, 1, 2, 3]" in out and "never averaged" in out
     assert "GPU0: 90% busy, up to 10.0 GiB" in out and "GPU1: 60% busy" in out and "GPU3: 0% busy, up to 13.0 GiB" in out
     assert "38%" not in out and "2 result files, first at 10s, last at 20s" in out
+    # Results that all came between two samples: no busy share is made up for them.
+    burst = tmp_path / "burst" / "parts" / "results"
+    burst.mkdir(parents=True)
+    for i, when in enumerate([start + 10.2, start + 10.5]):
+        (burst / f"{i}.parquet").write_bytes(b"")
+        os.utime(burst / f"{i}.parquet", (when, when))
+    timeline.main([str(smi), "--results", str(tmp_path / "burst")])
+    assert "too short to say how busy each GPU was" in capsys.readouterr().out
 
 
 def test_gpu_timeline_still_reads_one_gpu_logs_without_an_index(tmp_path):
