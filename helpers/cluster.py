@@ -275,13 +275,13 @@ class Session:
     def prepare_output(self, output_dir: str, ds, *, resume: bool, start_over: bool, settings: Mapping[str, Any],
                        request: Any = None) -> RunOutputs:
         """:meth:`check_ready`, then :func:`helpers.output_dir.prepare_output_dir`: the output folder is
-        touched only once the run can start. ``request``: what your ``preprocess`` sends for an example
-        row, recorded with the ``settings`` (:func:`helpers.outputs.describe_request`), so a resume
-        with another prompt or sampling is refused."""
+        touched only once the run can start, and every node sees it before anything in it moves.
+        ``request``: what your ``preprocess`` sends for an example row, recorded with the ``settings``
+        (:func:`helpers.outputs.describe_request`), so a resume with another prompt or sampling is refused."""
         self.check_ready(ds)
         if request is not None:
             settings = {**settings, "request": describe_request(request)}
-        return prepare_output_dir(output_dir, resume=resume, settings=settings, start_over=start_over)
+        return prepare_output_dir(output_dir, resume=resume, settings=settings, start_over=start_over, check_nodes=True)
 
     def describe(self) -> str:
         where = f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray"

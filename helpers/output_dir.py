@@ -153,7 +153,7 @@ def _move_aside(where: Location, names: Sequence[str]) -> Location:
 
 
 def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str, Any] | None = None,
-                       start_over: bool = False) -> RunOutputs:
+                       start_over: bool = False, check_nodes: bool = False) -> RunOutputs:
     """Create the output folder and decide whether this run resumes an interrupted one. It never
     deletes results:
 
@@ -169,7 +169,9 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     An earlier run's report (``<notebook>.ipynb`` and ``.html`` in ``OUTPUT_DIR``) moves aside too,
     also when this run resumes that run's rows: the runner writes this run's report in its place.
 
-    A folder that is not the kit's is refused (:func:`claim_output_dir`).
+    A folder that is not the kit's is refused (:func:`claim_output_dir`). ``check_nodes`` (a run on
+    Ray): a local folder that some of the cluster's nodes do not see stops the run
+    (:func:`check_every_node_sees`) before anything in it is moved.
     """
     from helpers.storage import redact_all
 
@@ -179,6 +181,8 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
         root = staging_folder(where)
     else:
         root = claim_output_dir(path)
+        if check_nodes:
+            check_every_node_sees(root)  # before anything moves: a node that does not see it would lose rows
         where = Location.of(root)
     run_file = where / RUN_FILE
     # Secrets in a path (a presigned URL's signature) are never written; a re-signed URL still resumes.

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import outputs
 from test_ray_job import free_port, ray_start, stop_processes
 
 
@@ -135,9 +136,16 @@ def test_a_folder_one_node_does_not_see_stops_the_run_before_rows_are_lost(two_n
     assert "a folder every node mounts" in found["private"] and "a bucket (s3://" in found["private"]
     assert not list(private.glob(".node-check-*")) and not list(shared.glob(".node-check-*"))  # markers removed
 
-    run = subprocess.run([sys.executable, "-c", RUN, str(private / "text_classification")],
+    earlier = private / "text_classification"  # an earlier run's results: checked before they move
+    earlier.mkdir()
+    (earlier / outputs.MARKER).write_text(outputs.MARKER_TEXT)
+    (earlier / outputs.RUN_FILE).write_text('{"fingerprint": "x", "settings": {}}')
+    (earlier / outputs.PREDICTIONS).write_text("earlier rows")
+    kept = {p.name: p.read_bytes() for p in earlier.iterdir()}
+    run = subprocess.run([sys.executable, "-c", RUN, str(earlier)],
                          env={**env, "RAY_ADDRESS": gcs}, capture_output=True, text=True, timeout=300)
     said = run.stdout + run.stderr
+    assert {p.name: p.read_bytes() for p in earlier.iterdir()} == kept, said[-3000:]  # nothing moved
     assert run.returncode != 0 and "joined the Ray cluster at " in said, said[-3000:]
     assert "NodeLocalOutputError" in said and "do not see" in said and "a bucket" in said, said[-3000:]
     assert "the processor ran" not in said

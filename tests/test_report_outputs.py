@@ -248,6 +248,32 @@ def test_the_output_folder_check_names_each_node_that_does_not_see_it(tmp_path, 
         output_dir.check_every_node_sees(tmp_path)
 
 
+def test_every_node_sees_the_folder_before_anything_in_it_moves(tmp_path, monkeypatch):
+    """The node check ran in pipeline.run, after prepare_output_dir had moved the earlier results aside:
+    a run that then stopped had changed the folder. The notebook's prepare_output checks first."""
+    import types
+
+    from helpers import cluster
+
+    out = tmp_path / "o"
+    output_dir.prepare_output_dir(str(out), settings={"a": 1})
+    (out / outputs.PREDICTIONS).write_text("earlier rows")
+    before = _files(out)
+    checked = []
+
+    def blind(folder):
+        checked.append(Path(folder))
+        raise output_dir.NodeLocalOutputError("a node does not see it")
+
+    monkeypatch.setattr(output_dir, "check_every_node_sees", blind)
+    session = types.SimpleNamespace(check_ready=lambda ds: None)
+    with pytest.raises(output_dir.NodeLocalOutputError):
+        cluster.Session.prepare_output(session, str(out), None, resume=True, start_over=False, settings={"a": 2})
+    assert checked == [out.resolve()] and _files(out) == before and not (out / outputs.EARLIER).exists()
+    output_dir.prepare_output_dir(str(out), settings={"a": 2})  # without Ray (unit use): not checked
+    assert checked == [out.resolve()] and (out / outputs.EARLIER).is_dir()
+
+
 def _interrupted_with(out: Path, committed, pending=None):
     """``out`` as a run left it: ``committed`` (a table) written and its checkpoint committed, and
     ``pending`` written with its checkpoint still pending (killed in between); then claimed again to
