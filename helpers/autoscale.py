@@ -95,6 +95,32 @@ def _cluster_status() -> Any:
     return reply
 
 
+def unplaceable(status: Any = None) -> str:
+    """What Ray waits to place that no node has room for now, with what each node has free, in words;
+    "" when every pending request fits some node (or Ray does not say). ``status``: the GCS's
+    :func:`_cluster_status` reply (read when not given). Ray Data submits a task only when the
+    cluster as a whole has room, so a request that fits none of the nodes waits for good unless the
+    cluster grows: two nodes with 0.9 CPUs free each never take a task that asks for 1."""
+    try:
+        state = (status or _cluster_status()).cluster_resource_state
+    except Exception:  # the GCS slow to answer: asked again at the next poll
+        return ""
+    from ray.core.generated.autoscaler_pb2 import NodeStatus
+
+    nodes = [(f"node {n.node_id.hex()[:8]}", dict(n.available_resources)) for n in state.node_states
+             if n.status != NodeStatus.DEAD]
+    waiting = []
+    for pending in state.pending_resource_requests:
+        shape = dict(pending.request.resources_bundle)
+        if shape and not any(all(free.get(k, 0.0) + 1e-9 >= v for k, v in shape.items()) for _, free in nodes):
+            waiting.append(f"{pending.count} x {{{', '.join(f'{k}: {v:g}' for k, v in sorted(shape.items()))}}}")
+    if not waiting:
+        return ""
+    free = "; ".join(f"{ip}: " + ", ".join(f"{k} {v:g}" for k, v in sorted(r.items()) if k in ("CPU", "GPU") or
+                                            k.startswith("accelerator_type")) for ip, r in nodes)
+    return f"Ray is waiting to place {', '.join(waiting)}, which no node has room for (free now: {free or 'no nodes'})"
+
+
 def _request(kind: str, shapes: list[dict[str, float]]) -> int:
     """Ask the autoscaler for ``shapes`` (an empty list withdraws the request); for v2, the GCS's state
     version just after it, which the autoscaler has seen once it has weighed the request."""

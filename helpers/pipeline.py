@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers.autoscale import unplaceable
 from helpers.cluster import Session
 from helpers.output_dir import check_every_node_sees
 from helpers.data import CARRIED_TYPES, REJECT_REASON
@@ -243,6 +244,19 @@ def rows_planned(limit: int | None, input_size: InputSize | None) -> tuple[int |
     return planned, bool(planned and input_size and input_size.estimated and planned == expected != limit)
 
 
+def batches_of(ds, rows: int, num_cpus: float):
+    """``ds`` in blocks of ``rows`` rows as they stream (Ray's ``repartition(target_num_rows_per_block=)``),
+    its tasks holding ``num_cpus`` like the other light stages. Ray's public call gives them no way to
+    say, so they took its default of 1 CPU: on two nodes of 2 CPUs, each running an engine (1 CPU) and a
+    light actor (0.1), no node had a whole CPU free, the first repartition task waited for good and no
+    row was ever written. The operator carries ``ray_remote_args`` that Ray's planner passes on: set here."""
+    repartitioned = ds.repartition(target_num_rows_per_block=rows)
+    op = repartitioned._logical_plan.dag
+    if hasattr(op, "ray_remote_args"):  # Ray 2.60's StreamingRepartition (frozen: set as its own __post_init__ does)
+        object.__setattr__(op, "ray_remote_args", {**op.ray_remote_args, "num_cpus": num_cpus})
+    return repartitioned
+
+
 def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
         outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None,
         input_size: InputSize | None = None) -> RunResult:
@@ -275,7 +289,7 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     if limit and out.rows_done:
         ds = ds.limit(max(limit - out.rows_done, 0))
     if session.batch_size:
-        ds = ds.repartition(target_num_rows_per_block=session.batch_size)
+        ds = batches_of(ds, session.batch_size, stage_cpus)
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
     finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
                                                fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
@@ -291,7 +305,7 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
                   f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=log_stream(), flush=True)
         progress = heartbeat(out.parts(RESULTS), beat_s, total=total, about=about)
     try:
-        with first_results_within(out.parts(RESULTS), session.startup_timeout_s), progress:
+        with first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable), progress:
             written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
                                 rows_per_file=rows_per_file(session.batch_size, planned))
     except KeyboardInterrupt:

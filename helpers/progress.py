@@ -204,19 +204,35 @@ class _NoResultsInTime(KeyboardInterrupt):
     so that Ray Data stops the run as it does for Ctrl-C."""
 
 
+class UnplaceableError(RuntimeError):
+    """Ray waited a minute to place a task or an actor of the run that no node has room for."""
+
+
+#: How long a request no node can hold may wait, with no result written, before the run stops.
+UNPLACEABLE_S = 60
+
+
 @contextmanager
-def first_results_within(folder: Path | Location, seconds: float | None) -> Iterator[None]:
+def first_results_within(folder: Path | Location, seconds: float | None,
+                         unplaceable: Callable[[], str] | None = None,
+                         unplaceable_s: float = UNPLACEABLE_S) -> Iterator[None]:
     """Stop the code inside (with a ``TimeoutError``) if no result file appears in ``folder``
     within ``seconds``: engine replicas that cannot start (too few GPUs on a cluster, an engine stuck
     in its start) would otherwise keep a run waiting forever. The first file comes after the engine
     started and one batch went through, so give big models room. The watchdog sends the process a
     SIGINT (a real signal also wakes blocking waits), handled here while the code runs, whatever the
     process inherited (a background job ignores SIGINT); Ctrl-C and Jupyter's interrupt still
-    interrupt. Only on the main thread; ``None`` or 0: no limit."""
+    interrupt. Only on the main thread; ``None`` or 0: no limit.
+
+    ``unplaceable`` (:func:`helpers.autoscale.unplaceable`) is asked every 10 s what Ray waits to place
+    that no node has room for: a request that stays so for ``unplaceable_s`` while no result is
+    written stops the run at once with an :class:`UnplaceableError` that says what was asked and what
+    each node has free, instead of a timeout that blames the engine."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
     since, done, fired = time.time() - 1, threading.Event(), threading.Event()
+    stuck: list[str] = []  # why the watchdog fired, when a request could not be placed
 
     def on_sigint(signum, frame):
         if fired.is_set():
@@ -227,10 +243,17 @@ def first_results_within(folder: Path | Location, seconds: float | None) -> Iter
 
     def watch() -> None:
         deadline = time.monotonic() + seconds
+        waiting_since, asked = None, 0.0
         while not done.wait(1.0):
             if _written_since(folder, since):
                 return
-            if time.monotonic() > deadline and not done.is_set():
+            now = time.monotonic()
+            if unplaceable is not None and now - asked >= 10:
+                asked, why = now, unplaceable()
+                waiting_since = (waiting_since or now) if why else None
+                if why and now - waiting_since >= unplaceable_s:
+                    stuck.append(f"{why}, for {now - waiting_since:.0f} s with no result written")
+            if (now > deadline or stuck) and not done.is_set():
                 fired.set()
                 os.kill(os.getpid(), signal.SIGINT)
                 return
@@ -240,6 +263,10 @@ def first_results_within(folder: Path | Location, seconds: float | None) -> Iter
     try:
         yield
     except _NoResultsInTime:
+        if stuck:
+            raise UnplaceableError(
+                f"{stuck[0]}. The run stopped instead of waiting for STARTUP_TIMEOUT_S. Lower CONCURRENCY or "
+                "CPU_STAGE_CPUS, or use nodes with more room.") from None
         raise TimeoutError(
             f"no results were written within STARTUP_TIMEOUT_S={seconds:g} s: the engine did not start, or "
             "its first batch took longer. Ray's logs say why (on this machine: /tmp/ray/session_latest/logs); "

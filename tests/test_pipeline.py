@@ -495,3 +495,79 @@ def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(local_
     assert (summary["classified"], summary["engine errors"], summary["all rows accounted for"]) == (8, 56, True)
     with pytest.raises(report.RunCheckError, match="the model answered"):
         report.require(summary)
+
+
+def _hold_cpus(ray, cpus: float):
+    """An actor that holds ``cpus`` of the local Ray's 2 for as long as it lives."""
+    @ray.remote(num_cpus=cpus)
+    class Hold:
+        def ready(self):
+            return True
+
+    holder = Hold.remote()
+    ray.get(holder.ready.remote())
+    return holder
+
+
+def test_rows_are_cut_into_batches_by_tasks_as_light_as_the_other_stages(local_ray):
+    """Ray's streaming repartition takes its default 1 CPU a task: on two nodes of 2 CPUs, each with an
+    engine (1) and a light actor (0.1), no node had a whole CPU free and the run never wrote a row.
+    With half a CPU free here, the kit's repartition still runs (its tasks hold the stages' 0.1)."""
+    import threading
+
+    holder = _hold_cpus(local_ray, 1.5)
+    try:
+        ds = pipeline.batches_of(local_ray.data.from_items([{"n": i} for i in range(50)]), 8, 0.1)
+        done: list = []
+        worker = threading.Thread(target=lambda: done.append(
+            ds.map_batches(lambda b: b, batch_format="pyarrow", num_cpus=0.1).take_all()), daemon=True)
+        worker.start()
+        worker.join(120)
+        assert done and sorted(r["n"] for r in done[0]) == list(range(50))
+        assert ds._logical_plan.dag.ray_remote_args["num_cpus"] == 0.1
+    finally:
+        local_ray.kill(holder)
+
+
+def test_a_request_no_node_can_hold_stops_the_run_saying_what_was_asked_and_what_is_free(local_ray, tmp_path):
+    """A task that asks for more than any node has free waits for good: the start-up watchdog stops the
+    run once such a request has waited (here 3 s; a minute in a run) with no result written, naming the
+    request and each node's free CPUs, instead of a timeout that blames the engine."""
+    from helpers import autoscale
+
+    def one() -> int:
+        return 1
+
+    holder = _hold_cpus(local_ray, 1.5)
+    stuck = local_ray.remote(num_cpus=1)(one).remote()
+    started = time.monotonic()
+    try:
+        with pytest.raises(progress.UnplaceableError) as err:
+            with progress.first_results_within(tmp_path / "parts", 600, autoscale.unplaceable, unplaceable_s=3):
+                time.sleep(120)
+        assert time.monotonic() - started < 60
+        assert "Ray is waiting to place 1 x {CPU: 1}, which no node has room for (free now: node " in str(err.value)
+        assert "CPU 0.5)" in str(err.value) and "with no result written" in str(err.value)
+    finally:
+        local_ray.cancel(stuck, force=True)
+        local_ray.kill(holder)
+
+
+def test_unplaceable_reads_the_gcs_requests_against_each_nodes_free_resources():
+    from ray.core.generated import autoscaler_pb2 as pb
+
+    from helpers import autoscale
+
+    reply = pb.GetClusterStatusReply()
+    for n, free in enumerate((0.9, 0.9)):
+        node = reply.cluster_resource_state.node_states.add(node_id=bytes([n]) * 28, status=pb.NodeStatus.RUNNING)
+        node.available_resources["CPU"] = free
+    dead = reply.cluster_resource_state.node_states.add(node_id=b"\x09" * 28, status=pb.NodeStatus.DEAD)
+    dead.available_resources["CPU"] = 8.0
+    pending = reply.cluster_resource_state.pending_resource_requests.add(count=1)
+    pending.request.resources_bundle["CPU"] = 1.0
+    said = autoscale.unplaceable(reply)
+    assert said.startswith("Ray is waiting to place 1 x {CPU: 1}, which no node has room for (free now: node 00000000: "
+                           "CPU 0.9; node 01010101: CPU 0.9)")
+    pending.request.resources_bundle["CPU"] = 0.5  # fits either node: nothing to say
+    assert autoscale.unplaceable(reply) == ""
