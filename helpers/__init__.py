@@ -5,6 +5,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``classify``, ``caption``: each task's plan from the notebook's parameters, and its own pieces (labels' token budget; captions' context).
 - ``plan``: what a run will do, decided before Ray starts: preset fitted, model found, input sized, configuration checked.
 - ``pipeline``: the run: your functions guarded, every row written in one pass, the result tables.
+- ``stages``: the light steps around the processor: rows cut into batches, result rows in one shape and plain types, the first batch marked.
 - ``report``: accuracy, per-label tables, charts, and the run's summary with its checks.
 - ``cluster``: joining or starting Ray, what the cluster has, whether the run can be scheduled on it.
 - ``autoscale``: asking a cluster's autoscaler for the nodes a run needs and waiting for them, or refusing at once.

@@ -19,7 +19,7 @@ REJECT_REASON = "reject_reason"
 #: row's position, a uint64 (what resuming keys on where a parquet input has no id column).
 ROW_HASH = "row_hash"
 #: Types the results give carried columns, whatever a stage made of them: Ray's checkpoints compare
-#: the written ids with the source's, so they must be of the source's type (see pipeline.finish).
+#: the written ids with the source's, so they must be of the source's type (see stages.finish).
 CARRIED_TYPES = {ROW_HASH: "uint64"}
 
 

@@ -186,7 +186,7 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
     ``max_num_seqs`` that fits the KV cache. The preset's ``reasons`` say why, field by field.
     ``tokenize_stage`` left at None is decided here: on for text on a GPU, off on a CPU and for images;
     ``stage_cpus`` left at None too (:func:`_stage_cpus_default`), and ``num_blocks`` raised so that
-    several replicas all get blocks (:func:`blocks_for_every_replica`).
+    several replicas all get blocks (:func:`with_blocks_for_every_replica`).
     """
     if task not in CPU_PRESET:
         raise ValueError(f"task must be one of {sorted(CPU_PRESET)}, got {task!r}")
@@ -205,7 +205,7 @@ def select(name: str, task: str, *, cluster: Mapping[str, Any] | None = None, **
         raise ValueError(f"REPLICAS_PER_GPU={preset.replicas_per_gpu} with preset {preset.name!r}, whose replicas span "
                          f"{world} GPUs each: a replica over several GPUs cannot share them. Set REPLICAS_PER_GPU=None.")
     if "num_blocks" not in overrides:  # a NUM_BLOCKS you give is kept
-        preset = blocks_for_every_replica(preset)
+        preset = with_blocks_for_every_replica(preset)
     if preset.stage_cpus is None:
         preset = preset.override(stage_cpus=_stage_cpus_default(preset)[0])
     return _resolve_dtype(_resolve_tokenize_stage(preset))
@@ -276,7 +276,7 @@ def from_parameters(task: str, parameters: Mapping[str, Any], *, cluster: Mappin
     return short_runs.fit(preset, short_runs.known_rows(parameters, input_rows), given=set(overrides))
 
 
-def blocks_for_every_replica(preset: Preset) -> Preset:
+def with_blocks_for_every_replica(preset: Preset) -> Preset:
     """At least twice as many blocks as all engine replicas hold at once, when there are several.
 
     Ray Data sends each replica up to ``2 x max_concurrent_batches`` blocks (Ray Data LLM's default

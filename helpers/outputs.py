@@ -249,7 +249,7 @@ def request_digest(prompt_token_ids: Sequence[int] | None, params: str) -> str:
 def result_row(row: Mapping[str, Any], keep_columns: Sequence[str], **outputs: Any) -> dict[str, Any]:
     """A successful result row: the kept input columns, the task's outputs, the engine's token
     counts, the request's digest (:func:`request_digest`) and an empty ``error`` (the shape
-    ``helpers.pipeline.finish`` gives failed rows)."""
+    ``helpers.stages.finish`` gives failed rows)."""
     return {
         **{c: row.get(c) for c in keep_columns},
         **outputs,

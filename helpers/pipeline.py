@@ -21,24 +21,18 @@ import pandas as pd
 
 from helpers.autoscale import unplaceable
 from helpers.cluster import Session
-from helpers.output_dir import check_every_node_sees
-from helpers.data import CARRIED_TYPES, REJECT_REASON
+from helpers.data import REJECT_REASON
 from helpers.errors import Explained
 from helpers.location import Location
-from helpers.outputs import ENGINE_COLUMNS, ERRORS, RunOutputs, parquet_rows, read_parts, result_row
+from helpers.outputs import ERRORS, RunOutputs, parquet_rows, read_parts, result_row
 from helpers.progress import (ACTOR_ARGUMENTS_NOTE, dashboard, first_results_within, heartbeat, heartbeat_seconds,
                               live_progress, log_stream)
 from helpers.run_stats import (Throughput, projection, rows_entered, rows_entering, stage_stats, stage_table,
                                steady_state, throughput_table)
 from helpers.sizing import InputSize
+from helpers.stages import (FIRST_BATCH, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE, batches_of, finish,
+                            first_batch_out, forget_first_batch)
 
-#: Ray Data LLM's per-row error column: a row with a non-empty value skips every stage.
-INFERENCE_ERROR = "__inference_error__"
-#: Where a row stopped: "" (answered), or one of the stages below.
-STAGE = "stage"
-REJECTED = "rejected before the model"
-ENGINE = "engine"
-POSTPROCESS = "postprocess"
 RESULTS = "results"  # the parts folder of the one write
 
 
@@ -100,71 +94,6 @@ def guard_postprocess(postprocess: Callable[[dict[str, Any]], Mapping[str, Any]]
             return {**{c: row.get(c) for c in keep}, "error": _failure("postprocess", exc), STAGE: POSTPROCESS}
 
     return wrapped
-
-
-#: Ray's Arrow type for values it could not give an Arrow type (it pickles them).
-PICKLED = "ray.data.arrow_pickled_object"
-
-
-def carried_column(column, name: str):
-    """A carried column as the results keep it: in a plain Arrow type, never as pickled Python objects.
-
-    Your ``postprocess`` runs in Ray's row map, which hands each value over as a Python object. Arrow
-    types ints past int64 (Ray's uint64 ``row_hash``, half of its values) as nothing, so Ray pickled
-    them, and such a column broke every table read from the results (pandas' IndexError selecting
-    zero rows of it). Here those values get a type again: :data:`helpers.data.CARRIED_TYPES` where
-    the kit knows it (the source's, so that resuming compares like with like), else the one Arrow
-    infers, uint64 for non-negative ints past int64, or text as a last resort.
-    """
-    import pyarrow as pa
-
-    wanted = pa.type_for_alias(CARRIED_TYPES[name]) if name in CARRIED_TYPES else None
-    if isinstance(column.type, pa.ExtensionType) and column.type.extension_name == PICKLED:
-        values = column.to_pylist()
-        try:
-            column = pa.array(values, type=wanted)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            if all(isinstance(v, int) and v >= 0 for v in values if v is not None):
-                column = pa.array(values, type=pa.uint64())
-            else:
-                column = pa.array([None if v is None else str(v) for v in values], type=pa.string())
-    return column.cast(wanted) if wanted else column
-
-
-def finish(table, *, carry: Sequence[str], outputs: Mapping[str, Any]):
-    """Give every row of a batch the same columns, in order: ``carry``, the task's ``outputs``
-    (their defaults on rows without an answer), the engine's columns, ``error`` and ``stage``.
-
-    Rows that skipped the engine or failed in it come out of the processor in their raw shape with
-    ``__inference_error__``; they get ``stage`` "rejected before the model" or "engine" and the
-    message as ``error``. Works on Arrow batches (``map_batches(batch_format="pyarrow")``): the
-    columns left behind (images, messages) are never converted. Carried columns keep a plain type
-    (:func:`carried_column`).
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = table.num_rows
-    names = set(table.column_names)
-
-    def text(name: str):
-        if name not in names:
-            return pa.array([""] * n, pa.string())
-        return pc.fill_null(table.column(name).cast(pa.string()), "")
-
-    failed = pc.not_equal(text(INFERENCE_ERROR), "")
-    stage = pc.if_else(failed, pc.if_else(pc.equal(text(STAGE), ""), ENGINE, text(STAGE)), text(STAGE))
-    error = pc.if_else(failed, text(INFERENCE_ERROR), text("error"))
-    columns: dict[str, Any] = {c: carried_column(table.column(c), c) if c in names else pa.nulls(n) for c in carry}
-    for name, default in {**outputs, **ENGINE_COLUMNS}.items():
-        value = pa.scalar(default)
-        if name not in names or pa.types.is_null(table.column(name).type):
-            columns[name] = pa.array([default] * n, value.type)
-            continue
-        column = table.column(name).cast(value.type)
-        columns[name] = pc.if_else(failed, value, pc.fill_null(column, value))
-    columns["error"], columns[STAGE] = error, stage
-    return pa.table(columns)
 
 
 @dataclass(frozen=True)
@@ -244,19 +173,6 @@ def rows_planned(limit: int | None, input_size: InputSize | None) -> tuple[int |
     return planned, bool(planned and input_size and input_size.estimated and planned == expected != limit)
 
 
-def batches_of(ds, rows: int, num_cpus: float):
-    """``ds`` in blocks of ``rows`` rows as they stream (Ray's ``repartition(target_num_rows_per_block=)``),
-    its tasks holding ``num_cpus`` like the other light stages. Ray's public call gives them no way to
-    say, so they took its default of 1 CPU: on two nodes of 2 CPUs, each running an engine (1 CPU) and a
-    light actor (0.1), no node had a whole CPU free, the first repartition task waited for good and no
-    row was ever written. The operator carries ``ray_remote_args`` that Ray's planner passes on: set here."""
-    repartitioned = ds.repartition(target_num_rows_per_block=rows)
-    op = repartitioned._logical_plan.dag
-    if hasattr(op, "ray_remote_args"):  # Ray 2.60's StreamingRepartition (frozen: set as its own __post_init__ does)
-        object.__setattr__(op, "ray_remote_args", {**op.ray_remote_args, "num_cpus": num_cpus})
-    return repartitioned
-
-
 def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
         outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None,
         input_size: InputSize | None = None) -> RunResult:
@@ -276,23 +192,24 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     after it would count that many *new* rows: the run then takes only the ``limit`` minus the rows
     done, and a retried job with ``LIMIT`` ends with ``LIMIT`` rows, each once.
 
-    On a cluster of several nodes, every node must see ``OUTPUT_DIR`` (checked first:
-    :func:`helpers.output_dir.check_every_node_sees`). Ray Data starts every stage's actors at once (the
-    engine's start overlaps the light stages');
-    if no result is written within ``session.startup_timeout_s``, the run stops with a
-    ``TimeoutError`` instead of waiting forever (:func:`first_results_within`).
+    On a cluster of several nodes, every node must see ``OUTPUT_DIR``: checked when ``out`` was
+    prepared (:meth:`helpers.cluster.Session.prepare_output`), before anything there was moved aside.
+    Ray Data starts every stage's actors at once (the engine's start overlaps the light stages'); if no
+    batch comes out of the engine within ``session.startup_timeout_s``, or Ray cannot place what the
+    run asks for, the run stops instead of waiting forever (:func:`first_results_within`).
     """
     stage_cpus = session.stage_cpus
-    if not out.where.remote:  # a bucket is one place for every node; a local path may not be
-        check_every_node_sees(out.root)  # several nodes: each must see OUTPUT_DIR, or rows are lost
     started = time.perf_counter()
     if limit and out.rows_done:
         ds = ds.limit(max(limit - out.rows_done, 0))
     if session.batch_size:
         ds = batches_of(ds, session.batch_size, stage_cpus)
     entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
-    finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus,
-                                               fn_kwargs={"carry": list(carry), "outputs": dict(outputs)})
+    import uuid
+
+    marker = f"{FIRST_BATCH}{uuid.uuid4().hex}"
+    finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus, fn_kwargs={
+        "carry": list(carry), "outputs": dict(outputs), "marker": marker})
     planned, about = rows_planned(limit, input_size)
     total = max(planned - out.rows_done, 0) if planned else None  # this run's, after a resumed one's
     if session.progress:  # a person in Jupyter: one line that updates in place
@@ -305,11 +222,14 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
                   f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=log_stream(), flush=True)
         progress = heartbeat(out.parts(RESULTS), beat_s, total=total, about=about)
     try:
-        with first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable), progress:
+        with first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable,
+                                  first_batch=lambda: first_batch_out(marker)), progress:
             written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
                                 rows_per_file=rows_per_file(session.batch_size, planned))
     except KeyboardInterrupt:
         raise RunInterrupted(_interrupted_message(out, id_column)) from None
+    finally:
+        forget_first_batch(marker)
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: f.read_parquet() for f in sorted(written.written_at)}  # every result file, as the write listed them

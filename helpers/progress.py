@@ -215,7 +215,8 @@ UNPLACEABLE_S = 60
 @contextmanager
 def first_results_within(folder: Path | Location, seconds: float | None,
                          unplaceable: Callable[[], str] | None = None,
-                         unplaceable_s: float = UNPLACEABLE_S) -> Iterator[None]:
+                         unplaceable_s: float = UNPLACEABLE_S,
+                         first_batch: Callable[[], bool] | None = None) -> Iterator[None]:
     """Stop the code inside (with a ``TimeoutError``) if no result file appears in ``folder``
     within ``seconds``: engine replicas that cannot start (too few GPUs on a cluster, an engine stuck
     in its start) would otherwise keep a run waiting forever. The first file comes after the engine
@@ -227,7 +228,11 @@ def first_results_within(folder: Path | Location, seconds: float | None,
     ``unplaceable`` (:func:`helpers.autoscale.unplaceable`) is asked every 10 s what Ray waits to place
     that no node has room for: a request that stays so for ``unplaceable_s`` while no result is
     written stops the run at once with an :class:`UnplaceableError` that says what was asked and what
-    each node has free, instead of a timeout that blames the engine."""
+    each node has free, instead of a timeout that blames the engine.
+
+    ``first_batch`` says (asked every 5 s) whether the engine's first batch came out: the watch ends
+    there, before the first result file, which waits for up to a file's rows (10,000): a slow model on
+    a big input was stopped while it worked."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -243,11 +248,15 @@ def first_results_within(folder: Path | Location, seconds: float | None,
 
     def watch() -> None:
         deadline = time.monotonic() + seconds
-        waiting_since, asked = None, 0.0
+        waiting_since, asked, looked = None, 0.0, 0.0
         while not done.wait(1.0):
+            now = time.monotonic()
             if _written_since(folder, since):
                 return
-            now = time.monotonic()
+            if first_batch is not None and now - looked >= 5:
+                looked = now
+                if first_batch():
+                    return
             if unplaceable is not None and now - asked >= 10:
                 asked, why = now, unplaceable()
                 waiting_since = (waiting_since or now) if why else None
@@ -268,8 +277,8 @@ def first_results_within(folder: Path | Location, seconds: float | None,
                 f"{stuck[0]}. The run stopped instead of waiting for STARTUP_TIMEOUT_S. Lower CONCURRENCY or "
                 "CPU_STAGE_CPUS, or use nodes with more room.") from None
         raise TimeoutError(
-            f"no results were written within STARTUP_TIMEOUT_S={seconds:g} s: the engine did not start, or "
-            "its first batch took longer. Ray's logs say why (on this machine: /tmp/ray/session_latest/logs); "
+            f"no results were written within STARTUP_TIMEOUT_S={seconds:g} s, and no batch came out of the engine: "
+            "it did not start, or its first batch took longer. Ray's logs say why (on this machine: /tmp/ray/session_latest/logs); "
             "for a big model, raise STARTUP_TIMEOUT_S.") from None
     finally:
         done.set()

@@ -149,8 +149,8 @@ def test_the_replica_ready_first_leaves_blocks_for_the_others(local_ray, tmp_pat
     """Ray Data hands a ready replica up to ``2 x max_concurrent_batches`` blocks and stops replicas
     that are idle once the input is all handed out: with as many blocks as one replica holds, the
     first replica ready took them all (control), and on an H100 two engines for 10,000 images ran as
-    one. With the blocks the kit plans (:func:`helpers.fitting.blocks_for_every_replica`) both work."""
-    plan = fitting.blocks_for_every_replica(fitting.select("text-llama8b-l4", "text").override(
+    one. With the blocks the kit plans (:func:`helpers.fitting.with_blocks_for_every_replica`) both work."""
+    plan = fitting.with_blocks_for_every_replica(fitting.select("text-llama8b-l4", "text").override(
         concurrency=2, max_concurrent_batches=2, num_blocks=4))
     held = 2 * plan.max_concurrent_batches
     assert plan.num_blocks == 2 * 2 * held and dict(plan.reasons)["num_blocks"].startswith(f"{plan.num_blocks}: ")

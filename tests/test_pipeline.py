@@ -7,9 +7,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from helpers import cluster, output_dir, outputs, pipeline, progress, run_stats
+from helpers import cluster, output_dir, outputs, pipeline, progress, run_stats, stages
 from helpers.data import REJECT_REASON
-from helpers.pipeline import ENGINE, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE
+from helpers.stages import ENGINE, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE
 from helpers.sizing import InputSize
 
 
@@ -104,7 +104,7 @@ def test_postprocess_keeps_the_carried_columns_and_a_raising_postprocess_fails_o
 
 
 def finished(rows):
-    table = pipeline.finish(pa.Table.from_pylist(rows), carry=["id"], outputs={"label": ""})
+    table = stages.finish(pa.Table.from_pylist(rows), carry=["id"], outputs={"label": ""})
     return table.column_names, table.to_pylist()
 
 
@@ -143,9 +143,9 @@ def test_carried_values_ray_pickled_come_back_typed_and_row_hash_as_the_source_h
     rows = source.repartition(2).map(lambda r: {**r, "mixed": 1 if r["mixed"] == "a" else r["mixed"]})
     types = rows.map_batches(lambda t: pa.table({"type": [str(t.schema.field(ROW_HASH).type)]}),
                              batch_format="pyarrow", batch_size=None).take_all()
-    assert any(pipeline.PICKLED in t["type"] for t in types)  # what Ray makes of big hashes
+    assert any(stages.PICKLED in t["type"] for t in types)  # what Ray makes of big hashes
     assert {"type": "int64"} in types  # a block of small hashes: int64
-    done = rows.map_batches(pipeline.finish, batch_format="pyarrow", fn_kwargs={
+    done = rows.map_batches(stages.finish, batch_format="pyarrow", fn_kwargs={
         "carry": [ROW_HASH, "other", "mixed"], "outputs": {"caption": ""}})
     done.write_parquet(str(tmp_path / "parts"))
     table = pd.read_parquet(tmp_path / "parts")
@@ -517,7 +517,7 @@ def test_rows_are_cut_into_batches_by_tasks_as_light_as_the_other_stages(local_r
 
     holder = _hold_cpus(local_ray, 1.5)
     try:
-        ds = pipeline.batches_of(local_ray.data.from_items([{"n": i} for i in range(50)]), 8, 0.1)
+        ds = stages.batches_of(local_ray.data.from_items([{"n": i} for i in range(50)]), 8, 0.1)
         done: list = []
         worker = threading.Thread(target=lambda: done.append(
             ds.map_batches(lambda b: b, batch_format="pyarrow", num_cpus=0.1).take_all()), daemon=True)
@@ -571,3 +571,19 @@ def test_unplaceable_reads_the_gcs_requests_against_each_nodes_free_resources():
                            "CPU 0.9; node 01010101: CPU 0.9)")
     pending.request.resources_bundle["CPU"] = 0.5  # fits either node: nothing to say
     assert autoscale.unplaceable(reply) == ""
+
+
+def test_the_startup_watchdog_ends_at_the_engines_first_batch_not_the_first_result_file(local_ray, tmp_path):
+    """The first result file waits for up to a file's rows (10,000): a slow model on a big input was
+    stopped by STARTUP_TIMEOUT_S while it worked. ``finish`` marks the first batch out of the engine
+    in Ray's key-value store (once per worker process), and the watchdog ends there."""
+    key = f"{stages.FIRST_BATCH}test-{time.time_ns()}"
+    assert not stages.first_batch_out(key)
+    rows = local_ray.data.from_items([{"id": str(i), "stage": "", "__inference_error__": ""} for i in range(4)])
+    rows.map_batches(stages.finish, batch_format="pyarrow", fn_kwargs={
+        "carry": ["id"], "outputs": {"label": ""}, "marker": key}).take_all()
+    assert stages.first_batch_out(key)
+    with progress.first_results_within(tmp_path / "parts", 2, first_batch=lambda: stages.first_batch_out(key)):
+        time.sleep(4)  # no result file: without the mark this is a TimeoutError after 2 s
+    stages.forget_first_batch(key)
+    assert not stages.first_batch_out(key)
