@@ -30,6 +30,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``sample_images``: the bundled sample images, broken ones included.
 - ``images``: image validation, normalisation and resizing to a vision model's grid.
 - ``output_dir``: claiming ``OUTPUT_DIR``: earlier results moved to ``earlier/``, interrupted runs kept, every node sees it.
+- ``run_lock``: one run per ``OUTPUT_DIR`` at a time: a lock the live run keeps fresh, taken over from a dead one.
 - ``outputs``: the resumable results write and each result row's columns.
 - ``checkpointing``: a Ray Data checkpoint filter that also accepts pandas blocks.
 - ``location``: a folder on the local disk or in object storage.

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from helpers import run_lock
 from helpers.errors import Explained
 from helpers.location import Location, check_reachable, write_or_explain
 from helpers.outputs import (CHECKPOINT, DERIVED, EARLIER, MARKER, MARKER_TEXT, PARTS, REPORT_SUFFIXES, RUN_FILE,
@@ -171,7 +172,8 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
 
     A folder that is not the kit's is refused (:func:`claim_output_dir`). ``check_nodes`` (a run on
     Ray): a local folder that some of the cluster's nodes do not see stops the run
-    (:func:`check_every_node_sees`) before anything in it is moved.
+    (:func:`check_every_node_sees`) before anything in it is moved. So does a folder another run is
+    writing to now (:func:`helpers.run_lock.acquire`); this run's lock is released when its pipeline ends.
     """
     from helpers.storage import redact_all
 
@@ -184,6 +186,7 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
         if check_nodes:
             check_every_node_sees(root)  # before anything moves: a node that does not see it would lose rows
         where = Location.of(root)
+    run_lock.refuse_if_held(where)  # a live run's files stay where it writes them
     run_file = where / RUN_FILE
     # Secrets in a path (a presigned URL's signature) are never written; a re-signed URL still resumes.
     settings = redact_all(dict(settings or {}))
@@ -194,7 +197,18 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     finished = sum(parquet_rows(f) for f in done)  # rows the interrupted run finished (0: none)
     rows_done = 0
     reports = [name for name in where.children() if name.endswith(REPORT_SUFFIXES)]
-    if done and resume and not start_over and record.get("fingerprint") == current:
+    resuming = bool(done and resume and not start_over and record.get("fingerprint") == current)
+    if done and not resuming and not start_over:
+        why = ("RESUME is False" if resume is False else
+               "it used other settings:\n    " + "\n    ".join(changed_settings(record.get("settings", {}), settings)
+                                                  or ["(its run.json records none)"]))
+        raise InterruptedRunError(
+            f"OUTPUT_DIR={str(where)!r} holds an interrupted run with {finished:,} rows finished, and this run "
+            f"would not resume it: {why}\nNothing was changed there. Either run again with that run's settings "
+            "(and RESUME=True) to finish it, or set START_OVER=True to start over with these settings (its rows "
+            f"are then kept in {EARLIER}/), or choose another OUTPUT_DIR.")
+    lock = run_lock.acquire(where)  # from here on this run changes the folder
+    if resuming:
         message = "resuming an interrupted run: rows it finished are skipped"
         rows_done = finished
         for name in DERIVED:  # tables and charts made from parts/, which stays: rebuilt at the end
@@ -202,15 +216,6 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
         if reports:
             message += f" (its report is kept in {_move_aside(where, reports)})"
     else:
-        if done and not start_over:
-            why = ("RESUME is False" if resume is False else
-                   "it used other settings:\n    " + "\n    ".join(changed_settings(record.get("settings", {}), settings)
-                                                      or ["(its run.json records none)"]))
-            raise InterruptedRunError(
-                f"OUTPUT_DIR={str(where)!r} holds an interrupted run with {finished:,} rows finished, and this run "
-                f"would not resume it: {why}\nNothing was changed there. Either run again with that run's settings "
-                "(and RESUME=True) to finish it, or set START_OVER=True to start over with these settings (its rows "
-                f"are then kept in {EARLIER}/), or choose another OUTPUT_DIR.")
         found = [name for name in (PARTS, CHECKPOINT, *DERIVED) if (where / name).exists()] + reports
         message = "starting fresh"
         if found:
@@ -219,7 +224,8 @@ def prepare_output_dir(path: str, *, resume: bool = False, settings: Mapping[str
     run_file.write_text(json.dumps({"fingerprint": current, "run": uuid.uuid4().hex, "settings": settings},
                                    indent=2, default=str))
     return RunOutputs(root=root, resume=resume, message=message, rows_done=rows_done,
-                      location=where if where.remote else None, run_id=json.loads(run_file.read_text())["run"])
+                      location=where if where.remote else None, run_id=json.loads(run_file.read_text())["run"],
+                      lock=lock)
 
 
 def staging_folder(location: Location) -> Path:

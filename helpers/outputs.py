@@ -71,6 +71,9 @@ class RunOutputs:
     location: Location | None = None
     #: This run's id, also in ``run.json``: a later run that moves these results aside changes it there.
     run_id: str = ""
+    #: This run's lock on ``OUTPUT_DIR`` (:mod:`helpers.run_lock`): kept fresh while the pipeline writes,
+    #: released when it ends. None: no lock (a folder prepared outside a run).
+    lock: Any = None
 
     def check_current(self) -> None:
         """Raise :class:`ResultsMovedError` if a later run started in ``OUTPUT_DIR`` since this one (it

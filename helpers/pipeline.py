@@ -10,6 +10,7 @@ once. :func:`finish` then gives every row the same columns and a ``stage`` ("" w
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -221,15 +222,18 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
             print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{dashboard()}.\n"
                   f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=log_stream(), flush=True)
         progress = heartbeat(out.parts(RESULTS), beat_s, total=total, about=about)
+    fresh = out.lock.keep_fresh() if out.lock else contextlib.nullcontext()  # no other run moves what this writes
     try:
-        with first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable,
-                                  first_batch=lambda: first_batch_out(marker)), progress:
+        with fresh, first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable,
+                                         first_batch=lambda: first_batch_out(marker)), progress:
             written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
                                 rows_per_file=rows_per_file(session.batch_size, planned))
     except KeyboardInterrupt:
         raise RunInterrupted(_interrupted_message(out, id_column)) from None
     finally:
         forget_first_batch(marker)
+        if out.lock:
+            out.lock.release()
     seconds = time.perf_counter() - started
     # Each result file is read once: all of them make the tables, this run's make its throughput.
     parts = {f: f.read_parquet() for f in sorted(written.written_at)}  # every result file, as the write listed them
