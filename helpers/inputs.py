@@ -61,6 +61,44 @@ def detect_encoding(head: bytes) -> str:
     return FALLBACK_ENCODINGS[-1]
 
 
+def encoding_problems(files: list[str], fs, encoding: str) -> list[str]:
+    """Each file decoded whole, a MiB at a time, with ``encoding`` (the first file's start's): where one
+    does not decode, the file and the byte offset; where ``encoding`` is not UTF-8 and a file is UTF-8
+    with text beyond ASCII (which it would silently misread), that file. Ray reads every file with one
+    encoding, and a bad byte past the first MiB failed the whole read with Ray's raw error."""
+    problems = []
+    for name in files:
+        if storage.is_compressed(name):
+            continue
+        strict, utf8 = codecs.getincrementaldecoder(encoding)(), codecs.getincrementaldecoder("utf-8")()
+        offset, is_utf8, beyond_ascii = 0, True, False
+        try:
+            for chunk in storage.read_chunks(name, fs):
+                try:
+                    strict.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    other = detect_encoding(chunk[exc.start:exc.start + 4096])
+                    bad = chunk[exc.start:exc.end].hex(" ")
+                    problems.append(f"{storage.redact(name)} is not {encoding} at byte {offset + exc.start:,} ({bad}; "
+                                    f"it reads as {other} there): every file of one run must have one encoding; "
+                                    f"convert this one to {encoding}, or run it on its own")
+                    break
+                if is_utf8 and encoding != "utf8":
+                    beyond_ascii = beyond_ascii or not chunk.isascii()
+                    try:
+                        utf8.decode(chunk)
+                    except UnicodeDecodeError:
+                        is_utf8 = False
+                offset += len(chunk)
+        except OSError as exc:
+            problems.append(f"{storage.redact(name)} cannot be read: {exc}")
+            continue
+        if encoding != "utf8" and is_utf8 and beyond_ascii:
+            problems.append(f"{storage.redact(name)} is UTF-8, but the first file is {encoding} (as every file "
+                            f"would be read): convert it to {encoding}, or run it on its own")
+    return problems
+
+
 def _csv_columns(head: bytes, encoding: str) -> list[str]:
     import io
 
@@ -103,6 +141,7 @@ def check_text(p: Mapping[str, Any]) -> Input:
                 encoding = detect_encoding(head)
                 wanted = {n: p[n] for n in ("TEXT_COLUMN", "ID_COLUMN", "LABEL_COLUMN") if isinstance(p[n], str)}
                 problems += missing_columns(_csv_columns(head, encoding), wanted, storage.redact(files[0]))
+                problems += encoding_problems(files, fs, encoding)
         except (OSError, ValueError) as exc:
             problems.append(f"INPUT_PATH={storage.redact(path)!r} cannot be read: {exc}")
     problems += output_problems(p)

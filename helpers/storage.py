@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
 #: Set this to your S3-compatible store's address, e.g. ``http://minio.internal:9000``.
@@ -92,6 +93,21 @@ def read_head(path: str, nbytes: int, fs=None) -> bytes:
     filesystem, where = resolve(path, fs)
     with filesystem.open_input_stream(where) as f:
         return f.read(nbytes)
+
+
+def read_chunks(path: str, fs=None, size: int = 1 << 20) -> Iterator[bytes]:
+    """The file at ``path``, ``size`` bytes at a time (as :func:`read_head` reads its start)."""
+    if is_web(path):
+        import urllib.request
+
+        with urllib.request.urlopen(path, timeout=60) as response:
+            while chunk := response.read(size):
+                yield chunk
+        return
+    filesystem, where = resolve(path, fs)
+    with filesystem.open_input_stream(where) as f:
+        while chunk := f.read(size):
+            yield chunk
 
 
 def filesystem(path: str):

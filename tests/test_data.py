@@ -110,3 +110,31 @@ def test_users_csvs_as_they_come(local_ray, tmp_path):
         data.check_ids(ds, "Customer Id")
     assert "3 of 7 rows have no 'Customer Id' value" in str(err.value)
     assert "1 'Customer Id' value is shared by several rows: 'a' (2 rows)." in str(err.value)
+
+
+def test_every_files_encoding_is_checked_before_the_pipeline_naming_the_file_and_the_byte(tmp_path):
+    """The encoding came from the first MiB of the first file: cp1252 bytes past it, or a second file
+    in another encoding, failed the whole read in Ray with its raw error (or, a UTF-8 file read as
+    cp1252, gave wrong text silently). The plan's checks now decode every file whole."""
+    from helpers import inputs
+
+    defaults = load_script("run_notebooks").defaults("text_classification")
+    header = "Customer Id,Company,Industry\n"
+    ascii_rows = "".join(f"c{i},Company number {i},Retail\n" for i in range(40_000))  # past the first MiB
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "a.csv").write_bytes((header + ascii_rows + "c-x,Nestlé,Retail\n").encode("cp1252"))
+    where = len((header + ascii_rows + "c-x,Nestl").encode("ascii"))
+    assert where > inputs.HEAD_BYTES
+    with pytest.raises(ValueError) as err:
+        inputs.check_text({**defaults, "INPUT_PATH": str(late), "OUTPUT_DIR": str(tmp_path / "o1")})
+    assert f"a.csv is not utf8 at byte {where:,} (e9; it reads as cp1252 there)" in str(err.value)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "1.csv").write_bytes((header + "c1,Société Générale,Finance\n").encode("cp1252"))
+    (mixed / "2.csv").write_bytes((header + "c2,Nestlé,Retail\n").encode("utf-8"))
+    with pytest.raises(ValueError) as err:
+        inputs.check_text({**defaults, "INPUT_PATH": str(mixed), "OUTPUT_DIR": str(tmp_path / "o2")})
+    assert "2.csv is UTF-8, but the first file is cp1252" in str(err.value)
+    (mixed / "2.csv").write_bytes((header + "c2,Nestle,Retail\n").encode("utf-8"))  # ASCII: the same in both
+    assert inputs.check_text({**defaults, "INPUT_PATH": str(mixed), "OUTPUT_DIR": str(tmp_path / "o3")}).encoding == "cp1252"
