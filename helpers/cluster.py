@@ -196,6 +196,9 @@ def schedulability_problems(cluster: dict[str, float], budget: CpuBudget, accele
     if budget.reserved + budget.task_cpus > cpus:
         problems.append(f"the actors reserve {budget.reserved:g} CPUs and tasks need {budget.task_cpus:g} more, "
                         f"but the cluster has {cpus:g} CPUs")
+    else:  # node by node: every actor placed, and a light task's room left on some node
+        actors = [budget.engine_cpus] * budget.engine_replicas + [budget.stage_cpus] * budget.stage_actors
+        problems += topology.cpu_problems(cluster, actors, budget.stage_cpus or budget.task_cpus)
     if accelerator_type:
         needed = math.ceil(gpus_per_replica * budget.engine_replicas - 1e-9)
         have = cluster.get("GPU", 0.0)

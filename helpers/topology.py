@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: The key of a cluster description (:func:`helpers.cluster.visible_cluster`) that lists its nodes.
+#: The key of a cluster description (:func:`helpers.cluster.visible_cluster`) that lists its GPU nodes ...
 NODES = "nodes"
+#: ... and the one that lists every live node's CPUs.
+NODE_CPUS = "node_cpus"
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,30 @@ def read_cluster() -> dict[str, Any]:
     :data:`NODES`. Ray must be initialised."""
     import ray
 
-    return {**ray.cluster_resources(), NODES: ray_nodes(ray.nodes())}
+    nodes = ray.nodes()
+    return {**ray.cluster_resources(), NODES: ray_nodes(nodes),
+            NODE_CPUS: [float((n.get("Resources") or {}).get("CPU", 0)) for n in nodes if n.get("Alive")]}
+
+
+def cpu_problems(cluster: Mapping[str, Any], actors: Sequence[float], task_cpus: float) -> list[str]:
+    """Whether the run's actors (``actors``: the CPUs each holds for the whole run) fit the cluster's
+    nodes and still leave one node room for a light task of ``task_cpus``: a placement is looked for
+    (largest first, each on the first node with room), as Ray places them one by one. [] where one is
+    found, or where the description lists no nodes (then only the totals are checked)."""
+    free = sorted(cluster.get(NODE_CPUS) or [], reverse=True)
+    if not free:
+        return []
+    shown = " + ".join(f"{c:g}" for c in free)
+    for need in sorted(actors, reverse=True):
+        room = next((i for i, f in enumerate(free) if f + 1e-9 >= need), None)
+        if room is None:
+            return [f"an actor holding {need:g} CPUs fits on none of the nodes once the others are placed "
+                    f"(nodes of {shown} CPUs)"]
+        free[room] -= need
+    if max(free) + 1e-9 < task_cpus:
+        return [f"with the actors placed, no node keeps {task_cpus:g} CPU free for the pipeline's tasks "
+                f"(nodes of {shown} CPUs; free after the actors: {' + '.join(f'{f:.2g}' for f in free)})"]
+    return []
 
 
 def gpu_problems(cluster: Mapping[str, Any], accelerator_type: str, gpus_per_replica: float, replicas: int) -> list[str]:

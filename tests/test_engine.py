@@ -150,7 +150,7 @@ def test_every_actor_pool_starts_at_once(monkeypatch):
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 2.0}}])
     budget = engine.CpuBudget(engine_cpus=1, engine_replicas=1, stage_cpus=0.1, stage_actors=2)
     ray.data.DataContext.get_current().use_datasource_v2 = True  # Ray 2.60's default
-    assert cluster._init_ray(budget, {}) == {"CPU": 2.0, "nodes": []}  # no GPU nodes
+    assert cluster._init_ray(budget, {}) == {"CPU": 2.0, "nodes": [], "node_cpus": [2.0]}  # no GPU nodes
     assert ray.data.DataContext.get_current().wait_for_min_actors_s <= 0
     assert ray.data.DataContext.get_current().use_datasource_v2 is False  # parquet without 32 footer actors
 

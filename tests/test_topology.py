@@ -185,3 +185,20 @@ def test_a_real_cluster_is_read_node_by_node_with_rays_labels(tmp_path):
                                   "left out: 1 x L4")
     assert "holds 0 (a replica's GPUs are on one node)" in seen["tp2_on_l4"][0]
     assert seen["a100_80g"] == []
+
+
+def test_every_actor_is_placed_node_by_node_and_a_light_task_keeps_room():
+    """The CPUs were checked in sum: an actor bigger than any node, or nodes each too full for a task,
+    passed and then waited for good. Checked node by node before the pipeline starts."""
+    from helpers import cluster as kit_cluster
+
+    two = {"CPU": 4.0, topology.NODE_CPUS: [2.0, 2.0]}
+    assert topology.cpu_problems(two, [1, 1, 0.1, 0.1], 0.1) == []  # the issue's two nodes of 2 CPUs
+    [problem] = topology.cpu_problems({"CPU": 4.0, topology.NODE_CPUS: [1.0] * 4}, [1.5], 0.1)
+    assert "an actor holding 1.5 CPUs fits on none of the nodes" in problem and "nodes of 1 + 1 + 1 + 1 CPUs" in problem
+    [problem] = topology.cpu_problems({"CPU": 3.0, topology.NODE_CPUS: [1.0, 1.0, 1.0]}, [1, 1, 1], 0.5)
+    assert "no node keeps 0.5 CPU free for the pipeline's tasks" in problem
+    assert topology.cpu_problems({"CPU": 4.0}, [3.0], 1.0) == []  # totals only: the sum's check stands
+    budget = engine.CpuBudget(engine_cpus=1.5, engine_replicas=1, stage_cpus=0.1, stage_actors=1)
+    problems = kit_cluster.schedulability_problems({"CPU": 4.0, topology.NODE_CPUS: [1.0] * 4}, budget, None)
+    assert problems and "fits on none of the nodes" in problems[0]
