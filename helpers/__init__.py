@@ -7,6 +7,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``pipeline``: the run: your functions guarded, every row written in one pass, the result tables.
 - ``stages``: the light steps around the processor: rows cut into batches, result rows in one shape and plain types, the first batch marked.
 - ``report``: accuracy, per-label tables, charts, and the run's summary with its checks.
+- ``confidence``: each answer's probability among the labels from the engine's logprobs, the runner-up, reliability and the rows to review.
 - ``cluster``: joining or starting Ray, what the cluster has, whether the run can be scheduled on it.
 - ``autoscale``: asking a cluster's autoscaler for the nodes a run needs and waiting for them, or refusing at once.
 - ``progress``: what a running pipeline shows: a line updated in place, a heartbeat in logs, the first-results watchdog.

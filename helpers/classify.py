@@ -1,5 +1,6 @@
 """Structured-choice classification: the text notebook's plan (:func:`plan`), the default labels, the
-answer budget, and the messages of the notebook's ``preprocess`` for the benchmark's raw-vLLM side."""
+answer budget, and the messages of the notebook's ``preprocess`` for the benchmark's raw-vLLM side.
+The notebook reaches each answer's confidence through it (``classify.confidence``, :mod:`helpers.confidence`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from helpers import inputs
+from helpers import confidence, inputs  # noqa: F401  (confidence: the notebook's classify.confidence)
 from helpers.plan import Plan, build
 
 DEFAULT_LABELS: tuple[str, ...] = (

@@ -97,6 +97,12 @@ def text_problems(p: Mapping[str, Any]) -> list[str]:
         if p[name] is not None and not (isinstance(p[name], str) and p[name]):
             problems.append(f"{name} must name a column or be None, got {p[name]!r}")
     problems += _flag_problem("TOKENIZE_STAGE", p["TOKENIZE_STAGE"], optional=True)
+    problems += _flag_problem("CONFIDENCE", p["CONFIDENCE"])
+    below = p["REVIEW_BELOW"]
+    if below is not None and not (isinstance(below, (int, float)) and not isinstance(below, bool) and 0 < below <= 1):
+        problems.append(f"REVIEW_BELOW must be a confidence in (0, 1] or None (no review table), got {below!r}")
+    elif below is not None and p["CONFIDENCE"] is False:
+        problems.append("REVIEW_BELOW needs CONFIDENCE = True: without it no row has a confidence")
     if not isinstance(p["TASK"], str) or not p["TASK"].strip():
         problems.append(f"TASK must be a non-empty instruction, got {p['TASK']!r}")
     if not isinstance(p["USER_TEMPLATE"], str) or "{text}" not in p["USER_TEMPLATE"]:

@@ -49,6 +49,13 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
         params.parse_cell("A = os.getcwd()  # not a literal")
 
 
+def test_review_below_needs_confidence(repo):
+    _, defaults = notebook_defaults(repo, "text_classification")
+    problems = PROBLEMS["text_classification"]({**defaults, "REVIEW_BELOW": 0.5, "CONFIDENCE": False})
+    assert problems == ["REVIEW_BELOW needs CONFIDENCE = True: without it no row has a confidence"]
+    assert not PROBLEMS["text_classification"]({**defaults, "REVIEW_BELOW": 0.5, "CONFIDENCE": True})
+
+
 @pytest.mark.parametrize("notebook, name, value, message", [
     ("text_classification", "LIMIT", 0, "LIMIT must be a positive integer"),
     ("text_classification", "NUM_BLOCKS", -1, "NUM_BLOCKS must be a positive integer"),
@@ -62,6 +69,10 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
     ("text_classification", "PRESET", "vision-qwen3b-l4", "PRESET must be one of"),  # the other notebook's
     ("text_classification", "ENFORCE_EAGER", "yes", "ENFORCE_EAGER must be True, False or None"),
     ("text_classification", "TOKENIZE_STAGE", 1, "TOKENIZE_STAGE must be True, False or None"),
+    ("text_classification", "CONFIDENCE", "true", "CONFIDENCE must be True or False"),
+    ("text_classification", "REVIEW_BELOW", 0, "REVIEW_BELOW must be a confidence in (0, 1]"),
+    ("text_classification", "REVIEW_BELOW", 1.5, "REVIEW_BELOW must be a confidence in (0, 1]"),
+    ("text_classification", "REVIEW_BELOW", True, "REVIEW_BELOW must be a confidence in (0, 1]"),
     ("text_classification", "LABELS", ["Only one"], "LABELS must be a list of at least two"),
     ("text_classification", "LABELS", ["A", "B", "A"], "LABELS has duplicates: ['A']"),
     ("text_classification", "USER_TEMPLATE", "Company: {name}", "USER_TEMPLATE must contain '{text}'"),
