@@ -135,3 +135,15 @@ def test_two_runs_to_one_bucket_on_one_machine_stage_in_folders_of_their_own(s3)
     (first.root / "summary.json").write_text("{}")
     second = output_dir.prepare_output_dir(uri, settings={"model": "m"})
     assert first.root != second.root and (first.root / "summary.json").read_text() == "{}"
+
+
+def test_a_second_run_to_the_same_bucket_stops_while_the_first_writes(s3):
+    """One run per OUTPUT_DIR in a bucket too: there a move is a copy and a delete, and objects the live
+    run wrote in between were lost (helpers.run_lock)."""
+    from test_run_lock import second_run
+
+    live = output_dir.prepare_output_dir(f"s3://{BUCKET}/runs/same")
+    found = second_run(f"s3://{BUCKET}/runs/same")
+    assert "refused" in found and "is in use by another run" in found["refused"], found
+    live.lock.release()
+    assert "ran" in second_run(f"s3://{BUCKET}/runs/same")

@@ -316,9 +316,9 @@ def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they
             time.sleep(0.3)
             return {**batch, "rows_in_task": [len(batch["id"])] * len(batch["id"])}
 
-    def processor(rows):
-        return rows.map(lambda r: {**r, **guarded(r)}).map_batches(
-            Engine, concurrency=1, batch_size=8).map(answer)
+    def processor(rows):  # light stages at the session's 0.1 CPU, as Ray Data LLM's are given them
+        return rows.map(lambda r: {**r, **guarded(r)}, num_cpus=0.1).map_batches(
+            Engine, concurrency=1, batch_size=8).map(answer, num_cpus=0.1)
 
     out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
     session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
