@@ -64,8 +64,8 @@ def nodes_of(cluster: Mapping[str, Any]) -> list[GpuNode]:
     holding every GPU (a single machine), of the type it names (the first, by name, if several)."""
     listed = cluster.get(NODES)
     if listed is not None:
-        return [n if isinstance(n, GpuNode) else GpuNode(**n) for n in listed if (n.gpus if isinstance(n, GpuNode)
-                                                                                 else n.get("gpus"))]
+        nodes = [n if isinstance(n, GpuNode) else GpuNode(**n) for n in listed]
+        return [n for n in nodes if n.gpus]
     gpus = int(cluster.get("GPU", 0))
     if not gpus:
         return []
