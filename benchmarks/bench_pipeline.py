@@ -291,6 +291,27 @@ def cell_seconds(executed: Path, top: int = 8) -> list[tuple[float, str]]:
     return sorted(timed, reverse=True)[:top] + [(sum(t for t, _ in timed), "all cells")]
 
 
+def start_marks(executed: Path, folder: Path, pipeline_marker: str = "pipeline.run(") -> dict[str, float]:
+    """Where a run's start goes, in seconds from the start of the notebook's first code cell (papermill's
+    record): its cells before the pipeline cell together, and the first result file written."""
+    from datetime import datetime
+
+    import nbformat
+
+    cells = [c for c in nbformat.read(executed, as_version=4).cells
+             if c.cell_type == "code" and (c.metadata.get("papermill") or {}).get("start_time")]
+    if not cells:
+        return {}
+    begun = datetime.fromisoformat(cells[0].metadata["papermill"]["start_time"].replace("Z", "+00:00")).timestamp()
+    before = 0.0
+    for cell in cells:
+        if pipeline_marker in cell.source:
+            break
+        before += float(cell.metadata["papermill"].get("duration") or 0)
+    first, _ = result_window(folder)
+    return {"cells_before_pipeline_s": round(before, 1), "first_result_s": round(first - begun, 1)}
+
+
 # --- the kit: its notebook through papermill ----------------------------------------------------
 
 def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Timing, Path, dict[str, Any]]:
@@ -303,7 +324,8 @@ def kit_timing(notebook: str, params: dict[str, Any], workdir: Path) -> tuple[Ti
         folder = run_notebooks.run(notebook, workdir / "kit", {k: v for k, v in params.items() if k in known})
     whole = time.perf_counter() - started
     seen = {"gpu": gpu.busy(*result_window(folder)), "kv_cache_tokens": kv_cache_tokens(ray_logs()),
-            "cells": cell_seconds(folder / f"{notebook}.ipynb")}
+            "cells": cell_seconds(folder / f"{notebook}.ipynb"),
+            "marks": start_marks(folder / f"{notebook}.ipynb", folder)}
     summary = json.loads((folder / "summary.json").read_text())
     rate = summary["rows/s steady state"]  # null when the run could not measure it ("steady state" says why)
     if rate is None:

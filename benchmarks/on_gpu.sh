@@ -41,6 +41,15 @@
 #                                           # MAX_MODEL_LEN 256, ACCELERATOR_TYPE the machine's (H100 or H200)
 #   bash benchmarks/on_gpu.sh text70b-fp8-tp2  # 10,000 prompts (ROWS), 70B shape, the preset text-llama70b-a100-fp8
 #                                           # on GPUs 0,1 (ACCELERATOR_TYPE the machine's, CONCURRENCY 1: tp=2 x 1, fp8)
+#   bash benchmarks/on_gpu.sh prep49        # the 8B and the Qwen2.5-VL-3B shapes (random weights)
+#   bash benchmarks/on_gpu.sh text8b-cold   # the first 8B engine on the machine: 20,000 prompts (ROWS) on GPU 0
+#   bash benchmarks/on_gpu.sh engine-start  # one vllm.LLM engine per setting (ENGINE_SETTINGS; bench_engine_start.py)
+#   bash benchmarks/on_gpu.sh text8b-conf   # text8b-gpus1 with CONFIDENCE on
+#   bash benchmarks/on_gpu.sh vl3b-gpus2    # captions: 10,000 small images (IMAGES), 3B VL shape, GPUs 0,1, auto
+#   bash benchmarks/on_gpu.sh twonode8b     # two Ray nodes on this host (GPU 0 the head's, GPU 1 the worker's, in
+#                                           # a mount namespace of its own), the text notebook joining them
+# Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
+# in seconds from the notebook's first cell.
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
 # over the results' span (never averaged over GPUs), vLLM's KV cache per engine beside the kit's
 # estimate, and the settings table as the notebook's plan made it (what auto chose, and why).
@@ -100,6 +109,7 @@ print("accounting: " + ", ".join(f"{k} {summary[k]}" for k in ("rows read", "rej
 for line in b.gpu_lines(seen["gpu"]):
     print(f"per GPU over the results' span, {line}")
 print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in seen["cells"]))
+print(f"start marks (s from the first cell): {seen['marks']}")
 # What the notebook's plan chose, for the same parameters on the same GPUs (the notebook's settings table).
 from helpers import classify, fitting, gpus, shapes
 params = {**b.run_notebooks.defaults("text_classification"), **settings, "INPUT_PATH": str(csv),
@@ -128,6 +138,58 @@ print(f"memory per GPU, the kit's plan: {c.replicas_per_gpu} engine(s) x gpu_mem
       f"{memory:.1f} GiB = {c.replicas_per_gpu * c.memory_share * memory:.1f} GiB, of which weights "
       f"{c.replicas_per_gpu * weights / shapes.GIB:.1f} GiB ({shape.parameters / 1e9:.2f}e9 weights / tp {tp}) "
       f"and KV cache ~{c.replicas_per_gpu * estimate / shapes.GIB:.1f} GiB; measured: see the per-GPU lines above")
+PY
+}
+# The kit's captioning notebook alone on IMAGES small images (made once under $work), through
+# bench_pipeline's own functions: timings, per-GPU use, batches per engine process, the plan's settings.
+#   caption_alone FOLDER MODEL IMAGES '{"NAME": value, ...}'
+caption_alone() { python3 - "$@" <<'PY'
+import collections, json, os, re, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+import bench_pipeline as b
+work, model, count, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
+images = b.image_input(count, work.parent / f"images-{count}", "small")
+params = {**b.run_settings("vision", {"MODEL_SOURCE": model, **extra}), "INPUT_PATH": str(images), "INPUT_FORMAT": "images"}
+print(f"kit alone, {count:,} images of {images}, CUDA_VISIBLE_DEVICES={devices}, parameters {params}", flush=True)
+timing, folder, seen = b.kit_timing("vlm_captioning", params, work)
+summary = json.loads((folder / "summary.json").read_text())
+batches = collections.Counter()
+for log in b.ray_logs():
+    if log.name.startswith("worker-") and log.suffix in (".out", ".err"):
+        found = len(re.findall(r"Elapsed time for batch", log.read_text(errors="replace")))
+        if found:
+            batches[log.name] = found
+print(f"RESULT {devices}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, steady state "
+      f"{timing.generate_s:.1f} s ({summary.get('rows/s steady state')} images/s; {summary.get('steady state')})")
+print("summary: " + json.dumps(summary, default=str)[:2500])
+print(f"batch lines per engine process: {dict(batches)}")
+for line in b.gpu_lines(seen["gpu"]):
+    print(f"per GPU over the results' span, {line}")
+print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in seen["cells"]))
+print(f"start marks (s from the first cell): {seen['marks']}")
+from helpers import caption, fitting
+plan = caption.plan({**b.run_notebooks.defaults("vlm_captioning"), **params, "OUTPUT_DIR": str(work / "plan-only")})
+print(plan.describe())
+print(f"engine kwargs: {plan.config.engine_kwargs()}; Ray pool {plan.config.actor_pool}")
+for row in fitting.describe(plan.config, plan.parameters):
+    print(f"  setting {row['parameter']} = {row['value']} ({row['from']}): {row['why']}")
+PY
+}
+# Which node each of the run's actors ran on (Ray's state API; the cluster still up), and each node's GPUs.
+engines_per_node() { python3 - "$1" <<'PY'
+import collections, sys
+import ray
+from ray.util.state import list_actors
+from helpers import cluster
+cluster.enable_token_auth_if_available()  # `ray start` turned token authentication on
+ray.init(address=sys.argv[1], log_to_driver=False)
+nodes = {n["NodeID"]: f"{n['NodeManagerAddress']}:{n['NodeManagerPort']} GPUs {n['Resources'].get('GPU', 0):.0f}"
+         for n in ray.nodes() if n["Alive"]}
+seen = collections.Counter((a.class_name, nodes.get(a.node_id, a.node_id)) for a in list_actors(limit=10000, detail=True))
+for (name, node), n in sorted(seen.items()):
+    print(f"actors {name} on node {node}: {n}")
 PY
 }
 mkdir -p "$out"
@@ -352,6 +414,51 @@ print(models.prepare_random_weights('meta-llama/Llama-3.1-70B-Instruct'))" ;;
       "{\"PRESET\": \"text-llama70b-h100-tp4\", \"ACCELERATOR_TYPE\": \"$gpu\", \"CONCURRENCY\": 1, \"MAX_MODEL_LEN\": 256}" ;;
     text70b-fp8-tp2) CUDA_VISIBLE_DEVICES=0,1 kit_alone $work/scale/70b-fp8 "$llama70" "${ROWS:-10000}" \
       "{\"PRESET\": \"text-llama70b-a100-fp8\", \"ACCELERATOR_TYPE\": \"$gpu\", \"CONCURRENCY\": 1}" ;;
+    # A run's start, captions and two nodes on 2 GPUs, the cost of confidence (2026-11-27, a machine of 2 GPUs):
+    prep49) python3 -c "
+from helpers import models
+print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))
+print(models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct'))" ;;
+    # The kit's first 8B engine on this machine (torch.compile's cache cold): the start marks, 20,000 prompts.
+    text8b-cold) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/cold "$llama" "${ROWS:-20000}" '{}' ;;
+    # One vllm.LLM engine per setting, each in a fresh process (benchmarks/bench_engine_start.py).
+    engine-start) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_engine_start.py \
+        "$(python3 -c "from helpers import models; print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))")" \
+        ${ENGINE_SETTINGS:-default kit-sizes no-compile} --prompts "${PROMPTS:-10000}" ;;
+    # The cost of CONFIDENCE on the GPU: the same 100,000 prompts with CONFIDENCE on (text8b-gpus1: off).
+    text8b-conf) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/conf "$llama" "${ROWS:-100000}" '{"CONFIDENCE": true}' ;;
+    # Captions on GPUs 0,1: 10,000 small images (IMAGES), the 3B VL shape, auto.
+    vl3b-gpus2) CUDA_VISIBLE_DEVICES=0,1 caption_alone $work/vl2/kit "$qwen" "${IMAGES:-10000}" '{}' ;;
+    # Two Ray nodes on this host: a head with GPU 0 and a worker with GPU 1 in a mount namespace of its own
+    # (a tmpfs over /root/node-disk, as the CPU two-node test); OUTPUT_DIR under $work, which both see.
+    # The kit's text notebook joins the cluster `ray start` left running, as on a cluster's head node.
+    twonode8b) rayc="python3 -m ray.scripts.scripts"  # the CLI, wherever pip put its script
+      $rayc stop --force >/dev/null 2>&1 || true
+      $rayc get-auth-token --generate >/dev/null 2>&1 || true
+      half=$(( $(nproc) / 2 )); mkdir -p /root/node-disk
+      CUDA_VISIBLE_DEVICES=0 $rayc start --head --node-ip-address 127.0.0.1 --port 6390 --num-gpus 1 --num-cpus $half \
+        --disable-usage-stats --include-dashboard false --node-manager-port 6410 --object-manager-port 6411 \
+        --dashboard-agent-listen-port 6412 --dashboard-agent-grpc-port 6413 --metrics-export-port 6414 \
+        --runtime-env-agent-port 6415
+      worker="$rayc start --address 127.0.0.1:6390 --node-ip-address 127.0.0.1 --num-gpus 1 --num-cpus $half \
+        --disable-usage-stats --node-manager-port 6420 --object-manager-port 6421 --dashboard-agent-listen-port 6422 \
+        --dashboard-agent-grpc-port 6423 --metrics-export-port 6424 --runtime-env-agent-port 6425"
+      if unshare -m true 2>/dev/null; then
+        CUDA_VISIBLE_DEVICES=1 unshare -m --propagation private sh -c "mount -t tmpfs node1 /root/node-disk && exec $worker"
+        echo "worker node: its own mount namespace (tmpfs over /root/node-disk)"
+      else
+        CUDA_VISIBLE_DEVICES=1 sh -c "exec $worker"; echo "worker node: unshare -m not permitted here; same mounts"
+      fi
+      $rayc status || true
+      kit_alone $work/twonode "$llama" "${ROWS:-100000}" '{}' || status=$?
+      engines_per_node 127.0.0.1:6390 || true
+      python3 -c "
+import pandas as pd, glob
+files = glob.glob('$work/twonode/kit/text_classification/predictions.parquet')
+p = pd.read_parquet(files[0]); ids = p['Customer Id']
+print(f'predictions: {len(p)} rows, {ids.nunique()} distinct ids')" || true
+      $rayc stop --force >/dev/null 2>&1 || true
+      exit "${status:-0}" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
@@ -360,6 +467,10 @@ date -u | tee -a "$out/$step.log"
 # The timeline: per 10 s, beside the engines' log lines (the kit's: Ray's session; raw's: its log).
 case "$step" in
   text8b-warm) timeline_results=(--results $work/scale/warm) ;;
+  text8b-cold) timeline_results=(--results $work/scale/cold) ;;
+  text8b-conf) timeline_results=(--results $work/scale/conf) ;;
+  vl3b-gpus2) timeline_results=(--results $work/vl2/kit) ;;
+  twonode8b) timeline_results=(--results $work/twonode) ;;
   text8b-gpus*) timeline_results=(--results $work/scale/gpus${step#text8b-gpus}) ;;
   text70b-tp4) timeline_results=(--results $work/scale/70b-tp4) ;;
   text70b-auto) timeline_results=(--results $work/scale/70b-auto) ;;

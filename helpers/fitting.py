@@ -320,6 +320,8 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
     if preset.replicas_per_gpu > 1:
         why.setdefault("gpu_memory_utilization", f"{preset.gpu_memory_utilization} of the GPU shared by "
                                                  f"{preset.replicas_per_gpu} replicas, less 0.01 each for its CUDA context")
+    why.setdefault("cudagraph_capture_sizes", "CUDA graphs for these step sizes only (vLLM's default: 51 sizes to 512, "
+                                              "seconds more of each engine's start); a step between two runs padded")
     if preset.kv_cache_budget is not None:
         why.setdefault("kv_cache_memory_bytes", f"the kit's estimate of {preset.kv_cache_budget / 2**30:.1f} GiB for each of "
                                                 f"the {preset.replicas_per_gpu} engines that share a GPU: vLLM's own "
@@ -330,10 +332,11 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
               "tensor_parallel_size": preset.tensor_parallel_size,
               "pipeline_parallel_size": preset.pipeline_parallel_size, "quantization": preset.quantization,
               "distributed_executor_backend": preset.engine_kwargs().get("distributed_executor_backend"),
-              "max_tasks_in_flight_per_actor": preset.max_tasks_in_flight_per_actor}
+              "max_tasks_in_flight_per_actor": preset.max_tasks_in_flight_per_actor,
+              "cudagraph_capture_sizes": preset.cudagraph_capture_sizes}
     for field, value in engine.items():
         if value is None and field in ("kv_cache_memory_bytes", "distributed_executor_backend",
-                                       "max_tasks_in_flight_per_actor"):  # vLLM's or Ray's own
+                                       "max_tasks_in_flight_per_actor", "cudagraph_capture_sizes"):  # vLLM's or Ray's own
             continue
         rows.append({"parameter": field, "value": repr(value), "from": f"preset {preset.name}",
                      "why": why.get(field, "")})

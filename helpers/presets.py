@@ -22,6 +22,13 @@ from helpers.gpus import kv_cache_estimate, memory_of, offline_engine_defaults
 CPU_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 
 
+#: The batch sizes the kit has vLLM capture CUDA graphs for (up to twice ``max_num_seqs``). vLLM's own
+#: list has one every 8 to 256 and every 16 to 512 (51 at 512 sequences, captured twice: whole steps
+#: and pieces), seconds of every engine's start; a step between two sizes runs padded to the next.
+#: Steps that take prompts (thousands of tokens) run without a graph either way.
+CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
+
+
 @dataclass(frozen=True)
 class Preset:
     """One run configuration; field names follow the notebooks' parameters (lower case)."""
@@ -144,6 +151,15 @@ class Preset:
         mib = int(budget // 2**20)
         return mib * 2**20 if mib > 0 else None
 
+    @property
+    def cudagraph_capture_sizes(self) -> list[int] | None:
+        """The batch sizes vLLM captures CUDA graphs for, on a GPU that compiles: :data:`CAPTURE_SIZES`
+        up to vLLM's own ceiling (twice ``max_num_seqs``, at most 512); None on a CPU or eager."""
+        if not self.accelerator_type or self.enforce_eager:
+            return None
+        ceiling = min(2 * self.max_num_seqs, 512)
+        return sorted({*(s for s in CAPTURE_SIZES if s < ceiling), ceiling})
+
     def override(self, **changes: Any) -> Preset:
         """A copy with ``changes``; unknown field names fail, listing the valid ones."""
         valid = {f.name for f in dataclasses.fields(self)}
@@ -174,6 +190,8 @@ class Preset:
             kwargs["quantization"] = self.quantization
         if self.dtype:
             kwargs["dtype"] = self.dtype
+        if (sizes := self.cudagraph_capture_sizes) is not None:
+            kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
         if _random_weights(self.model_source):
             kwargs["load_format"] = "dummy"  # a shape with random weights: no weights to load
         return kwargs

@@ -656,3 +656,29 @@ def test_auto_shares_a_gpu_by_what_was_measured():
     assert (vision.concurrency, vision.replicas_per_gpu, vision.actor_pool) == (2, 2, (2, 2))
     assert "2.46x" in dict(vision.reasons)["replicas_per_gpu"] and vision.kv_cache_budget > 20 * shapes.GIB
     assert fitting.select("auto", "vision", cluster=h100, max_model_len=8192).replicas_per_gpu == 1
+
+
+def test_gpu_engines_capture_cuda_graphs_for_the_kits_few_step_sizes_only(smollm2_path):
+    """vLLM captures a CUDA graph for 51 step sizes up to 512 by default (twice: whole steps and
+    pieces), seconds of every engine's start. A compiling GPU engine gets the kit's sizes
+    up to vLLM's own ceiling (twice max_num_seqs, at most 512), which vLLM's arguments keep as given;
+    eager and CPU engines capture nothing and get none. The settings table shows the row."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    text = _auto("text", GPU=1.0, **{"accelerator_type:H100": 1.0})
+    assert text.max_num_seqs == 512
+    sizes = text.engine_kwargs()["compilation_config"]["cudagraph_capture_sizes"]
+    assert sizes == list(presets.CAPTURE_SIZES) and len(sizes) < 20 and sizes[-1] == 512
+    small = presets.PRESETS["vision-qwen3b-l4"]  # max_num_seqs 64: up to 128
+    assert small.cudagraph_capture_sizes == [1, 2, 4, 8, 16, 32, 64, 96, 128]
+    odd = small.override(max_num_seqs=100)
+    assert odd.cudagraph_capture_sizes[-1] == 200 and odd.cudagraph_capture_sizes == sorted(set(odd.cudagraph_capture_sizes))
+    args = AsyncEngineArgs(model=str(smollm2_path), **{k: v for k, v in text.engine_kwargs().items() if k != "load_format"})
+    assert args.compilation_config.cudagraph_capture_sizes == sizes
+    for p in presets.PRESETS.values():
+        kwargs = p.engine_kwargs()
+        assert ("compilation_config" in kwargs) == (p.accelerator_type is not None and not p.enforce_eager), p.name
+    assert "compilation_config" not in text.override(enforce_eager=True).engine_kwargs()
+    rows = {r["parameter"]: r for r in fitting.describe(text, {})}
+    assert rows["cudagraph_capture_sizes"]["value"] == repr(sizes) and "padded" in rows["cudagraph_capture_sizes"]["why"]
+    assert "cudagraph_capture_sizes" not in {r["parameter"] for r in fitting.describe(presets.PRESETS["text-cpu-offline"], {})}
