@@ -8,7 +8,9 @@ token in the nodes' environment). First with ``PRESET="auto"``, which finds no G
 for a named preset; then with the CPU preset, which needs more CPUs than the head has: it must ask
 the autoscaler, wait for a worker and run there. A GPU preset (fake L4s) waits for its GPU node the
 same way, and one that asks for GPUs no node type has is refused once its wait is over (v1) or at
-once (v2). A plain head with no autoscaling configuration: tests/test_ray_job.py.
+once (v2). ``PRESET="auto"`` with ``ACCELERATOR_TYPE`` named asks for that GPU and runs the notebook on
+the node that comes (vLLM's CPU build standing in for the GPU engine). A plain head with no autoscaling
+configuration: tests/test_ray_job.py.
 """
 
 from __future__ import annotations
@@ -340,21 +342,72 @@ print(json.dumps({"gpus": session.cluster.get("GPU"), "planned": [planned.accele
 """
 
 
-def test_auto_with_a_gpu_type_named_asks_a_cluster_that_scales_from_zero_for_it(autoscaling_head):
+#: Where the run's vLLM engine actors ran, from Ray's actor table in the GCS (what Ray's state API serves;
+#: this cluster has no dashboard to serve it): each one's node, the resources it asked for, and the nodes.
+ENGINES = """
+import json, sys
+import ray
+from ray._private.state import state
+from ray.core.generated import gcs_pb2
+ray.init(address=sys.argv[1], log_to_driver=False)
+actors = [gcs_pb2.ActorTableData.FromString(a) for a in state._connect_and_get_accessor().get_actor_table(None, None)]
+print(json.dumps({
+    "engines": [{"node": a.address.node_id.hex(), "resources": dict(a.required_resources)}
+                for a in actors if "vLLMEngineStageUDF" in a.class_name],
+    "nodes": {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}}))
+"""
+
+
+def test_auto_with_a_gpu_type_named_asks_a_cluster_that_scales_from_zero_for_it_and_runs_there(autoscaling_head,
+                                                                                                 tmp_path):
     """PRESET="auto" on a cluster that starts with no GPU asked its autoscaler for nothing and waited out
-    STARTUP_TIMEOUT_S. With ACCELERATOR_TYPE named it asks for one such GPU, the autoscaler adds the
-    fake L4 node type, auto plans on its 4 GPUs (2 replicas each, short requests), and the run's Ray
-    start places them there. (The fake GPUs cannot run vLLM: the engines are not started here.)"""
+    STARTUP_TIMEOUT_S. With ACCELERATOR_TYPE named, the text notebook (the kit's runner, joined to the
+    cluster with RAY_ADDRESS) asks for one such GPU, the autoscaler adds the fake L4 node type, auto plans
+    on its 4 GPUs, and the run goes on there: its engine actor, which asks for a GPU and the L4 label, is
+    placed on the node the autoscaler added, and every row of the LIMIT is accounted for.
+
+    The fake GPUs cannot run CUDA; the engine that runs on them is vLLM's CPU build, with the settings
+    auto planned for an L4 (vLLM's CPU build computes on the node's CPUs whatever GPU Ray hands the
+    actor). One replica (CONCURRENCY=1: four CPU engines would not fit this machine's two cores); auto's
+    plan of four, one per GPU, is checked after it, in a driver on the same cluster, as far as the Ray start."""
+    from test_multinode import run_notebook
+
     gcs, env = autoscaling_head
+    assert not [n for n in alive_nodes(gcs, env) if n.get("GPU")]  # no GPU: it scales from zero
+    run = run_notebook({**env, "RAY_ADDRESS": gcs, "LLM_KIT_CELL_TIMEOUT": "600"}, str(tmp_path),
+                       {"PRESET": "auto", "ACCELERATOR_TYPE": "L4", "CONCURRENCY": 1, "LIMIT": 8,
+                        "STARTUP_TIMEOUT_S": 240})
+    report = tmp_path / "text_classification"
+    said = run.stdout + run.stderr
+    why = f"{said[-4000:]}\n--- the autoscaler's\n{monitor_log(env)}"
+    assert run.returncode == 0, why
+    notebook = cell_output(report / "text_classification.ipynb")
+    assert ("for the cluster's autoscaler to add nodes: ACCELERATOR_TYPE='L4' is not in the cluster (it has: none). "
+            "Requested: 1 x {GPU: 1, accelerator_type:L4: 0.001}") in notebook, notebook[-3000:]
+    assert "The autoscaler added them in" in notebook and "auto: chosen for 4 x L4" in notebook, notebook[-3000:]
+
+    found = subprocess.run([sys.executable, "-c", ENGINES, gcs], env=env, capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-3000:]
+    found = json.loads(found.stdout.strip().splitlines()[-1])
+    # The autoscaler added the L4 node type (the only one with GPUs), and the one engine ran there.
+    l4 = [node for node, resources in found["nodes"].items()
+          if resources.get("GPU") == 4 and resources.get("accelerator_type:L4") == 1]
+    assert len(l4) == 1, (found, why)
+    assert [e["node"] for e in found["engines"]] == l4, (found, why)
+    asked = found["engines"][0]["resources"]
+    assert asked.get("GPU") == 1 and asked.get("accelerator_type:L4", 0) > 0, (asked, why)
+
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["rows read"] == 8 and summary["all rows accounted for"], (summary, why)
+    assert summary["classified"] + summary["rejected before the model"] == 8 and summary["engine errors"] == 0, summary
+    assert summary["classified"] > 0, summary
+
     result = subprocess.run([sys.executable, "-c", AUTO, "L4"], env={**env, "RAY_ADDRESS": gcs}, capture_output=True,
                             text=True, timeout=400)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:] + monitor_log(env)
-    found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found["gpus"] == 4 and found["planned"] == ["L4", 4], found
-    assert found["placement"]["accelerator_type"] == "L4"
-    assert ("for the cluster's autoscaler to add nodes: ACCELERATOR_TYPE='L4' is not in the cluster (it has: none). "
-            "Requested: 1 x {GPU: 1, accelerator_type:L4: 0.001}") in result.stdout, result.stdout
-    assert "The autoscaler added them in" in result.stdout
+    planned = json.loads(result.stdout.strip().splitlines()[-1])
+    assert planned["gpus"] == 4 and planned["planned"] == ["L4", 4], planned
+    assert planned["placement"]["accelerator_type"] == "L4"
 
 
 @pytest.mark.slow
