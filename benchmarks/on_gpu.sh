@@ -181,13 +181,15 @@ PY
 engines_per_node() { python3 - "$1" <<'PY'
 import collections, sys
 import ray
-from ray.util.state import list_actors
 from helpers import cluster
 cluster.enable_token_auth_if_available()  # `ray start` turned token authentication on
 ray.init(address=sys.argv[1], log_to_driver=False)
 nodes = {n["NodeID"]: f"{n['NodeManagerAddress']}:{n['NodeManagerPort']} GPUs {n['Resources'].get('GPU', 0):.0f}"
          for n in ray.nodes() if n["Alive"]}
-seen = collections.Counter((a.class_name, nodes.get(a.node_id, a.node_id)) for a in list_actors(limit=10000, detail=True))
+# The head runs without a dashboard, so Ray's state API cannot answer: the GCS's actor table (the run's
+# actors, dead or alive, with the node each ran on).
+table = ray._private.state.actors().values()
+seen = collections.Counter((a["ActorClassName"], nodes.get(a["Address"]["NodeID"], a["Address"]["NodeID"])) for a in table)
 for (name, node), n in sorted(seen.items()):
     print(f"actors {name} on node {node}: {n}")
 PY
@@ -434,7 +436,9 @@ print(models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct'))" ;;
     # The kit's text notebook joins the cluster `ray start` left running, as on a cluster's head node.
     twonode8b) rayc="python3 -m ray.scripts.scripts"  # the CLI, wherever pip put its script
       $rayc stop --force >/dev/null 2>&1 || true
-      $rayc get-auth-token --generate >/dev/null 2>&1 || true
+      # `ray start` turns token authentication on: every node and the driver use the same token (a worker
+      # started without RAY_AUTH_MODE=token was refused on 2026-11-27, and the run had the head alone).
+      $rayc get-auth-token --generate >/dev/null 2>&1 || true; export RAY_AUTH_MODE=token
       half=$(( $(nproc) / 2 )); mkdir -p /root/node-disk
       CUDA_VISIBLE_DEVICES=0 $rayc start --head --node-ip-address 127.0.0.1 --port 6390 --num-gpus 1 --num-cpus $half \
         --disable-usage-stats --include-dashboard false --node-manager-port 6410 --object-manager-port 6411 \
@@ -450,6 +454,10 @@ print(models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct'))" ;;
         CUDA_VISIBLE_DEVICES=1 sh -c "exec $worker"; echo "worker node: unshare -m not permitted here; same mounts"
       fi
       $rayc status || true
+      nodes=$(python3 -c "
+import ray; from helpers import cluster; cluster.enable_token_auth_if_available()
+ray.init(address='127.0.0.1:6390', log_to_driver=False); print(sum(1 for n in ray.nodes() if n['Alive']))")
+      [ "$nodes" = 2 ] || { echo "two-node cluster: $nodes node(s) alive, not 2: stopping"; $rayc stop --force; exit 1; }
       kit_alone $work/twonode "$llama" "${ROWS:-100000}" '{}' || status=$?
       engines_per_node 127.0.0.1:6390 || true
       python3 -c "
