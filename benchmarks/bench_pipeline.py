@@ -291,6 +291,20 @@ def cell_seconds(executed: Path, top: int = 8) -> list[tuple[float, str]]:
     return sorted(timed, reverse=True)[:top] + [(sum(t for t, _ in timed), "all cells")]
 
 
+def batches_per_engine() -> dict[str, int]:
+    """Batches each engine process ran in the latest Ray session: Ray Data LLM's "Elapsed time for
+    batch" lines in each worker's log."""
+    import re
+
+    batches = {}
+    for log in ray_logs():
+        if log.name.startswith("worker-") and log.suffix in (".out", ".err"):
+            found = len(re.findall(r"Elapsed time for batch", log.read_text(errors="replace")))
+            if found:
+                batches[log.name] = found
+    return batches
+
+
 def start_marks(executed: Path, folder: Path, pipeline_marker: str = "pipeline.run(") -> dict[str, float]:
     """Where a run's start goes, in seconds from the start of the notebook's first code cell (papermill's
     record): its cells before the pipeline cell together, and the first result file written."""

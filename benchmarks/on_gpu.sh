@@ -144,7 +144,7 @@ PY
 # bench_pipeline's own functions: timings, per-GPU use, batches per engine process, the plan's settings.
 #   caption_alone FOLDER MODEL IMAGES '{"NAME": value, ...}'
 caption_alone() { python3 - "$@" <<'PY'
-import collections, json, os, re, sys
+import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
@@ -155,12 +155,7 @@ params = {**b.run_settings("vision", {"MODEL_SOURCE": model, **extra}), "INPUT_P
 print(f"kit alone, {count:,} images of {images}, CUDA_VISIBLE_DEVICES={devices}, parameters {params}", flush=True)
 timing, folder, seen = b.kit_timing("vlm_captioning", params, work)
 summary = json.loads((folder / "summary.json").read_text())
-batches = collections.Counter()
-for log in b.ray_logs():
-    if log.name.startswith("worker-") and log.suffix in (".out", ".err"):
-        found = len(re.findall(r"Elapsed time for batch", log.read_text(errors="replace")))
-        if found:
-            batches[log.name] = found
+batches = b.batches_per_engine()
 print(f"RESULT {devices}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, steady state "
       f"{timing.generate_s:.1f} s ({summary.get('rows/s steady state')} images/s; {summary.get('steady state')})")
 print("summary: " + json.dumps(summary, default=str)[:2500])
@@ -262,7 +257,7 @@ print(b.text_input(100_000, Path('$work/profile')))"
     # ready replica takes up to 144), then the kit again; each run's batch lines per engine process
     # (Ray Data LLM's "Elapsed time for batch" in the worker logs) and its settings table's rows.
     vl3b-short) python3 - "$work/short-${SHORT_IMAGES:-500}" "$qwen" "${SHORT_IMAGES:-500}" <<'PY'
-import collections, json, re, sys
+import json, re, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
@@ -272,12 +267,7 @@ for name, extra in (("kit", {}), ("control", {"MAX_CONCURRENT_BATCHES": 72}), ("
     params = {**b.run_settings("vision", {"MODEL_SOURCE": qwen, "REPLICAS_PER_GPU": 2, **extra}),
               "INPUT_PATH": str(images), "INPUT_FORMAT": "images"}
     timing, folder, seen = b.kit_timing("vlm_captioning", params, work / name)
-    batches = collections.Counter()
-    for log in b.ray_logs():
-        if log.name.startswith("worker-") and log.suffix in (".out", ".err"):
-            found = len(re.findall(r"Elapsed time for batch", log.read_text(errors="replace")))
-            if found:
-                batches[log.name] = found
+    batches = b.batches_per_engine()
     executed = (folder / "vlm_captioning.ipynb").read_text()
     table = sorted(set(re.findall(r"(max_tasks_in_flight_per_actor|MAX_CONCURRENT_BATCHES)[^\\]{0,160}", executed)))
     summary = json.loads((folder / "summary.json").read_text())
