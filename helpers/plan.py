@@ -109,6 +109,12 @@ def build(task: str, p: Mapping[str, Any], source: Input, *,
 #: What Ray's ``build_processor`` imports for a vLLM processor (vLLM itself, through Ray's engine stage):
 #: 7-8 s of the processor cell on a GPU machine, 5.6 s on a 2-core CPU.
 PROCESSOR_MODULES = ("ray.llm._internal.batch.stages.vllm_engine_stage",)
+#: What both those imports and the notebook's next cells (Ray's start: its metrics and dashboard
+#: clients) import, in 0.1 s: imported first, in the notebook's thread, so that the two threads never
+#: import one module at once (Python hands one of two threads that wait on each other's imports a
+#: module half imported). tests/test_classify.py checks the two sets share nothing else.
+SHARED_MODULES = ("anyio.to_thread", "sniffio", "http.server", "prometheus_client", "prometheus_client.asgi",
+                  "wsgiref.simple_server", "pydantic.dataclasses")
 
 
 def import_processor_modules(modules: Sequence[str] = PROCESSOR_MODULES) -> threading.Thread:
@@ -117,6 +123,12 @@ def import_processor_modules(modules: Sequence[str] = PROCESSOR_MODULES) -> thre
     before the pipeline took 17.6 s instead of 21.1 s (the processor cell 1.1 s instead of 5.6 s).
     Python's import locks make the processor cell wait for an import still under way; an import
     that fails here fails again there, with its error."""
+
+    for name in SHARED_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # another stack: then not shared
+            pass
 
     def run() -> None:
         for name in modules:
