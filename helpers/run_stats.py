@@ -36,7 +36,7 @@ def rows_entering(table):
     processor so that Ray's execution statistics count, under this name, every row this run sends
     in: after a ``LIMIT``, and without the rows an interrupted run finished (Ray's checkpoint filter
     drops those after the read). A whole block per call (no re-batching) and zero-copy, fused by Ray
-    into the step before it: one function call per block (its cost was not measured on its own)."""
+    with the processor's first step: one call per block (its cost was not measured on its own)."""
     return table
 
 

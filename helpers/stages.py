@@ -4,6 +4,7 @@ start-up watchdog. Each runs in Ray's tasks, a batch at a time."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,14 +22,27 @@ POSTPROCESS = "postprocess"
 
 def batches_of(ds, rows: int, num_cpus: float):
     """``ds`` in blocks of ``rows`` rows as they stream (Ray's ``repartition(target_num_rows_per_block=)``),
-    its tasks holding ``num_cpus`` like the other light stages. Ray's public call gives them no way to
-    say, so they took its default of 1 CPU: on two nodes of 2 CPUs, each running an engine (1 CPU) and a
-    light actor (0.1), no node had a whole CPU free, the first repartition task waited for good and no
-    row was ever written. The operator carries ``ray_remote_args`` that Ray's planner passes on: set here."""
+    in an operator of its own whose tasks hold ``num_cpus`` like the other light stages.
+
+    - The CPUs: Ray's public call gives the repartition's tasks no way to say, so they took its default
+      of 1 CPU: on two nodes of 2 CPUs, each running an engine (1 CPU) and a light actor (0.1), no node
+      had a whole CPU free, the first repartition task waited for good and no row was ever written. The
+      operator carries ``ray_remote_args`` that Ray's planner passes on: set here.
+    - Its own operator: Ray fuses a repartition into the ``map_batches`` before it (the notebooks' row
+      ids), and then the light steps after it into that same task, whose output it merges again into
+      blocks of up to 128 MiB: each read block reached the engine whole. On a 2-core CPU, 200,000 rows
+      in 8 read blocks made 8 engine tasks of 25,000 rows, and none ended within the 10-minute
+      start-up timeout. Ray never fuses an operator with a ``ray_remote_args_fn`` (its arguments are
+      not known ahead): the same CPUs, given that way too, keep it apart. (Ray's ``strict`` repartition
+      stays apart here too, but it joins rows of several read blocks into one block, and Arrow refused
+      to join a block of same-size images, a tensor column, with one of objects: the captioning
+      notebook failed.)
+    """
     repartitioned = ds.repartition(target_num_rows_per_block=rows)
     op = repartitioned._logical_plan.dag
-    if hasattr(op, "ray_remote_args"):  # Ray 2.60's StreamingRepartition (frozen: set as its own __post_init__ does)
+    if hasattr(op, "ray_remote_args_fn"):  # Ray 2.60's StreamingRepartition (frozen: set as __post_init__ does)
         object.__setattr__(op, "ray_remote_args", {**op.ray_remote_args, "num_cpus": num_cpus})
+        object.__setattr__(op, "ray_remote_args_fn", functools.partial(dict, num_cpus=num_cpus))
     return repartitioned
 
 

@@ -331,6 +331,68 @@ def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they
     assert times[-1] - times[0] > 1.5  # written over the run (12 batches x 0.3 s), not together at the end
 
 
+def test_a_file_is_due_at_its_rows_or_when_the_last_was_due_file_every_s_ago():
+    """Ray's write asks its bundler, as each block comes, whether the rows gathered make a file: with
+    RowsOrTime, also when the last file was due that long ago (the first: since the write began).
+    Pickled for Ray's write tasks it is the plain number."""
+    import copy
+    import pickle
+
+    from ray.data._internal.execution.bundle_queue.bundler import EstimateSize, PendingBundleState
+    from ray.data._internal.util import _validate_rows_per_file_args
+
+    rows = outputs.RowsOrTime(100, 0.3)
+    assert _validate_rows_per_file_args(min_rows_per_file=rows) == (100, None)  # Ray's checks pass it
+    due = EstimateSize(rows).can_build_ready_bundle
+
+    def comes(pending: int) -> bool:
+        return due(PendingBundleState(num_rows=pending, size_bytes=0))
+
+    assert not comes(8) and not comes(16)  # the first blocks of a file of 100 rows
+    time.sleep(0.35)
+    assert comes(24)  # the write began 0.35 s ago: due with 24 rows
+    assert not comes(8)  # the next file, 0.3 s from now
+    assert comes(100)  # or at its rows, whatever the time
+    assert type(pickle.loads(pickle.dumps(rows))) is int and copy.deepcopy(rows) is rows
+
+
+@pytest.mark.slow
+def test_a_slow_run_writes_a_result_file_at_least_every_file_every_s(local_ray, tmp_path, monkeypatch):
+    """A run of about 100,000 rows gathers 1,563 rows a file (rows_per_file): on a 2-core CPU at ~14
+    rows/s that is almost two minutes between files (3,157 rows for about 200,000 rows: almost four).
+    A file is also written when the last was due FILE_EVERY_S ago (here 2 s stands for the minute): an
+    interrupt loses at most that, and every row is written once, resumably."""
+    import ray
+
+    monkeypatch.setattr(outputs, "FILE_EVERY_S", 2.0)
+    ds = ray.data.from_items([{"id": f"{i:04d}", "text": "x", REJECT_REASON: ""} for i in range(200)],
+                             override_num_blocks=2)
+    guarded = pipeline.guard_preprocess(lambda r: {"prompt": r["text"]}, {"text": "x"})
+    answer = pipeline.guard_postprocess(lambda r: {"label": "A"}, carry=["id"])
+
+    class Engine:  # a slow engine: a batch of 8 every 0.25 s, 32 rows/s
+        def __call__(self, batch):
+            time.sleep(0.25)
+            return batch
+
+    def processor(rows):  # light stages at the session's 0.1 CPU, as Ray Data LLM's are given them
+        return rows.map(lambda r: {**r, **guarded(r)}, num_cpus=0.1).map_batches(
+            Engine, concurrency=1, batch_size=8).map(answer, num_cpus=0.1)
+
+    out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
+    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    about = InputSize(100_000, "estimated: the test's stand-in for a big input")
+    assert pipeline.rows_per_file(8, about.rows) == 1_563  # more than the 200 rows this run has
+    result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": ""}, id_column="id",
+                          answered_name="predictions.parquet", input_size=about)
+    assert result.rows_written_now == 200 and sorted(result.answered["id"]) == [f"{i:04d}" for i in range(200)]
+    times = sorted(mtime for _, mtime in out.parts(pipeline.RESULTS).files())
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(times) >= 3, times  # without the time: one file of all 200 rows, at the end
+    assert max(gaps) < 2.0 + 1.5, gaps  # the time, and the next batches' wait
+
+
 def test_a_run_that_writes_nothing_stops_after_the_startup_timeout(tmp_path):
     folder = tmp_path / "parts"
     started = time.monotonic()
@@ -527,6 +589,32 @@ def test_rows_are_cut_into_batches_by_tasks_as_light_as_the_other_stages(local_r
         assert ds._logical_plan.dag.ray_remote_args["num_cpus"] == 0.1
     finally:
         local_ray.kill(holder)
+
+
+def test_rows_reach_the_engine_in_blocks_of_one_batch_after_the_notebooks_map_batches(local_ray, tmp_path):
+    """The notebooks give rows their ids in a map_batches right after the read, and the light steps
+    after the cut run in tasks too: Ray fused the repartition and all of them into one task a read
+    block, which merged its output again, and each read block reached the engine whole (200,000 rows
+    in 8 blocks: engine tasks of 25,000 rows, no result in 10 minutes on a 2-core CPU)."""
+    csv = tmp_path / "in.csv"
+    pd.DataFrame({"id": [str(i) for i in range(160)], "text": ["x"] * 160}).to_csv(csv, index=False)
+    ds = local_ray.data.read_csv(str(csv), override_num_blocks=2, ray_remote_args={"num_cpus": 0.1}).map_batches(
+        lambda b: b.assign(**{REJECT_REASON: ""}), batch_format="pandas", num_cpus=0.1)  # as the notebooks' ids
+    cut = stages.batches_of(ds, 8, 0.1).map_batches(run_stats.rows_entering, batch_format="pyarrow",
+                                                      zero_copy_batch=True, num_cpus=0.1).map(lambda r: r, num_cpus=0.1)
+    sizes = [m.num_rows for bundle in cut.iter_internal_ref_bundles() for m in bundle.metadata]
+    assert sum(sizes) == 160 and set(sizes) == {8}, sizes  # not [80, 80]
+    # Each block from one read block: Ray's strict repartition joined a block of same-size images (a
+    # tensor column) with one of rows without an image, and Arrow refused ("both objects and tensors").
+    import numpy as np
+
+    def images(b):
+        return b.assign(image=[np.zeros((2, 2, 3), np.uint8) if b["n"].iloc[0] < 12 else None] * len(b))
+
+    mixed = local_ray.data.from_items([{"n": i} for i in range(24)], override_num_blocks=2).map_batches(
+        images, batch_format="pandas", num_cpus=0.1)
+    bundles = stages.batches_of(mixed, 8, 0.1).iter_internal_ref_bundles()
+    assert sorted(m.num_rows for bundle in bundles for m in bundle.metadata) == [4, 4, 8, 8]
 
 
 def test_a_request_no_node_can_hold_stops_the_run_saying_what_was_asked_and_what_is_free(local_ray, tmp_path):
