@@ -11,6 +11,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``cluster``: joining or starting Ray, what the cluster has, whether the run can be scheduled on it.
 - ``autoscale``: asking a cluster's autoscaler for the nodes a run needs and waiting for them, or refusing at once.
 - ``progress``: what a running pipeline shows: a line updated in place, a heartbeat in logs, the first-results watchdog.
+- ``known_lines``: the one red line Ray logs as a run's actor stages start, left out of the notebook; every other stderr line let through.
 - ``run_stats``: throughput end to end and in steady state, and Ray's statistics per stage.
 - ``fitting``: a preset fitted to the hardware and the parameters (``PRESET="auto"``), and the settings table.
 - ``short_runs``: what a run of few known rows changes: batches shared by every replica, eager GPU engines, one-process CPU engines.

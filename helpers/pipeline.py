@@ -26,8 +26,9 @@ from helpers.data import REJECT_REASON
 from helpers.errors import Explained
 from helpers.location import Location
 from helpers.outputs import ERRORS, RunOutputs, parquet_rows, read_parts, result_row
-from helpers.progress import (ACTOR_ARGUMENTS_NOTE, dashboard, first_results_within, heartbeat, heartbeat_seconds,
-                              live_progress, log_stream)
+from helpers.known_lines import without_known_lines
+from helpers.progress import (dashboard, first_results_within, heartbeat, heartbeat_seconds, live_progress,
+                              log_stream)
 from helpers.run_stats import (Throughput, projection, rows_entered, rows_entering, stage_stats, stage_table,
                                steady_state, throughput_table)
 from helpers.sizing import InputSize
@@ -214,18 +215,18 @@ def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Se
     planned, about = rows_planned(limit, input_size)
     total = max(planned - out.rows_done, 0) if planned else None  # this run's, after a resumed one's
     if session.progress:  # a person in Jupyter: one line that updates in place
-        print(ACTOR_ARGUMENTS_NOTE, flush=True)
         progress = live_progress(out.parts(RESULTS), total=total, about=about)
     else:  # headless: a line in the log every minute, never in the report
         beat_s = heartbeat_seconds()
         if beat_s:
-            print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{dashboard()}.\n"
-                  f"[llm-batch-kit] {ACTOR_ARGUMENTS_NOTE}", file=log_stream(), flush=True)
+            print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{dashboard()}.",
+                  file=log_stream(), flush=True)
         progress = heartbeat(out.parts(RESULTS), beat_s, total=total, about=about)
     fresh = out.lock.keep_fresh() if out.lock else contextlib.nullcontext()  # no other run moves what this writes
-    try:
-        with fresh, first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable,
-                                         first_batch=lambda: first_batch_out(marker)), progress:
+    watch = first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable,
+                                 first_batch=lambda: first_batch_out(marker))
+    try:  # without the one red line Ray logs as its actor stages start (helpers.known_lines); every other comes
+        with fresh, without_known_lines(), watch, progress:
             written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
                                 rows_per_file=rows_per_file(session.batch_size, planned))
     except KeyboardInterrupt:

@@ -180,14 +180,6 @@ def heartbeat(folder: Path | Location, every_s: float, *, total: int | None = No
         done.set()
 
 
-#: Ray logs one error-level line per process as Ray Data's actor stages start (core_worker.cc, "has
-#: constructor arguments in the object store and max_restarts > 0"). It cannot be quieted alone, and it
-#: needs no action here: Ray Data holds those arguments for the whole run. Headless runs say so first.
-ACTOR_ARGUMENTS_NOTE = ("Ray may now log an 'E ... core_worker.cc' line that an actor 'has constructor arguments "
-                        "in the object store': expected with Ray Data's actor stages, nothing to do (Ray Data "
-                        "keeps those arguments for the whole run; ray-project/ray#53727).")
-
-
 def dashboard() -> str:
     """Where the Ray Dashboard shows each operator's progress, if Ray says."""
     try:

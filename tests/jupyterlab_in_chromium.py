@@ -7,7 +7,8 @@ tests/test_live_kernel.py cover the same steps in CI). Run it as
 It copies notebooks/ to that folder (JupyterLab saves outputs into the notebook it shows), sets
 LIMIT and OUTPUT_DIR there, starts JupyterLab with its app exposed to the page, and drives it over
 Chrome's DevTools protocol: run all; re-run the run cell after the summary. It saves screenshots of
-the run cell while it runs and when it is done, prints what the run cell shows, and checks it.
+the run cell while it runs and when it is done, prints what the run cell shows, and checks it (no
+stderr, which JupyterLab shows on a red background, in the clean run).
 """
 
 from __future__ import annotations
@@ -81,6 +82,13 @@ def cell_text(page: Page, index_js: str) -> str:
                    ".join('\\n'); })()")
 
 
+def stderr_text(page: Page, index_js: str) -> str:
+    """The stderr streams of cell ``index_js``: what JupyterLab shows on a red background."""
+    return page.js(f"(() => {{ const c = {NOTEBOOK}.content.widgets[{index_js}]; if (!c.model.outputs) return ''; "
+                   "return c.model.outputs.toJSON().filter(o => o.output_type === 'stream' && o.name === 'stderr')"
+                   ".map(o => [].concat(o.text).join('')).join(''); })()")
+
+
 def show(page: Page, index_js: str) -> None:
     """Scroll cell ``index_js`` to the top of the view, as a person would, before a screenshot."""
     page.js(f"{NOTEBOOK}.content.scrollToItem({index_js}, 'start')")
@@ -133,8 +141,9 @@ def main(folder: str) -> int:
              900, "run all")
         show(page, run_cell)
         page.screenshot(work / "run_cell_done.png")
-        shown = cell_text(page, run_cell)
+        shown, red = cell_text(page, run_cell), stderr_text(page, run_cell)
         print("---- the run cell shows ----\n" + shown)
+        print(f"---- on a red background (stderr) ----\n{red}")
         checked = cell_text(page, f"{NOTEBOOK}.content.widgets.length - 1")
         print("---- the checked cell shows ----\n" + checked)
         # Re-run the run cell after the summary cell: one sentence, nothing touched.
@@ -148,6 +157,7 @@ def main(folder: str) -> int:
         print("---- the re-run run cell shows ----\n" + rerun)
         assert "logging_progress" not in shown and "Total Progress" not in shown, shown
         assert "rows written" in shown and "pipeline finished" in shown and len(shown) < 4000
+        assert red == "", red  # a clean run shows no red (Ray's known core_worker.cc line left out)
         assert "all rows accounted for:      True" in checked
         assert "'Start Ray' cell" in rerun and len(rerun.splitlines()) <= 3, rerun
         assert sorted(str(p) for p in (work / "results").rglob("*")) == before

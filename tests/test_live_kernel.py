@@ -15,6 +15,7 @@ run is part-way, and run all again (it resumes).
 from __future__ import annotations
 
 import json
+import os
 import queue
 import time
 from pathlib import Path
@@ -43,8 +44,11 @@ class Kernel:
         # An absolute socket path: the kernel runs in notebooks/, this process elsewhere.
         sockets = Path(tempfile.mkdtemp(prefix="kit-kernel-")) / "kernel-ipc"
         self.km = KernelManager(kernel_name="python3", transport="ipc", ip=str(sockets))
-        # env: the kernel's whole environment; without it, this process's (jupyter_client's default).
-        self.km.start_kernel(cwd=str(REPO / "notebooks"), **({"env": env} if env is not None else {}))
+        # env: the kernel's whole environment; without it, this process's (jupyter_client's default). Never
+        # pytest's PYTEST_CURRENT_TEST, which JupyterLab's kernels lack: with it, ipykernel leaves file
+        # descriptors 1 and 2 alone, and what C code writes there (Ray's core worker) never showed in a cell.
+        env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTEST_CURRENT_TEST"}
+        self.km.start_kernel(cwd=str(REPO / "notebooks"), env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
@@ -123,8 +127,9 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 def _assert_readable_run_cell(seen: dict, noun: str) -> None:
-    """One progress display, updated in place; no Ray progress logged; an output a person can read."""
-    assert "logging_progress" not in seen["stderr"] and "Total Progress" not in seen["stderr"], seen["stderr"][-2000:]
+    """One progress display, updated in place; nothing on stderr (no red: Ray's progress is not logged,
+    and its one known core_worker.cc line is left out, helpers.known_lines); an output a person can read."""
+    assert seen["stderr"] == "", seen["stderr"][-2000:]
     progress = [d for d in seen["displays"] if "starting the engine" in d["data"].get("text/plain", "")]
     assert len(progress) == 1, seen["displays"]
     # Updated in place by its ticker while the pipeline ran, then once more when it ended: the final
@@ -133,7 +138,7 @@ def _assert_readable_run_cell(seen: dict, noun: str) -> None:
     lines = [u["data"]["text/plain"] for u in seen["updates"] if u.get("transient", {}).get("display_id") == shown]
     assert len(lines) >= 3 and lines[-1].startswith("done in "), lines
     assert sum(not line.startswith("done in ") for line in lines) >= 2, lines
-    assert len(seen["stdout"]) + len(seen["stderr"]) < 4000, seen["stdout"] + seen["stderr"]
+    assert len(seen["stdout"]) < 4000, seen["stdout"]
     assert f"{noun} classified" in seen["stdout"] or f"{noun} captioned" in seen["stdout"]
 
 
@@ -151,8 +156,6 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         # 1. Run all.
         seen = kernel.run_all()
         _assert_readable_run_cell(seen[run_cell], "rows")
-        assert "core_worker.cc" not in seen[run_cell]["stderr"] or "expected with Ray Data's actor stages" in \
-            seen[run_cell]["stdout"]  # Ray's red line, explained where it shows
         first = pd.read_parquet(out / outputs.PREDICTIONS)
         finished = _files(out)
 
