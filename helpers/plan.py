@@ -112,7 +112,7 @@ PROCESSOR_MODULES = ("ray.llm._internal.batch.stages.vllm_engine_stage",)
 #: What both those imports and the notebook's next cells (Ray's start: its metrics and dashboard
 #: clients) import, in 0.1 s: imported first, in the notebook's thread, so that the two threads never
 #: import one module at once (Python hands one of two threads that wait on each other's imports a
-#: module half imported). tests/test_classify.py checks the two sets share nothing else.
+#: module half imported). tests/test_processor_imports.py checks the two sets share nothing else.
 SHARED_MODULES = ("anyio.to_thread", "sniffio", "http.server", "prometheus_client", "prometheus_client.asgi",
                   "wsgiref.simple_server", "pydantic.dataclasses")
 

@@ -299,6 +299,22 @@ def test_rows_per_file_aims_at_64_files_between_a_batch_and_10000_rows():
     assert pipeline.rows_per_file(256, None) == 1024  # unknown size
 
 
+def _light_stages_around(guarded, engine, answer):
+    """A processor of the shape Ray Data LLM builds: the light stages at the session's 0.1 CPU, as Ray
+    Data LLM's are given them, around a stand-in ``engine`` taking batches of 8 on one actor."""
+    def processor(rows):
+        return rows.map(lambda r: {**r, **guarded(r)}, num_cpus=0.1).map_batches(
+            engine, concurrency=1, batch_size=8).map(answer, num_cpus=0.1)
+
+    return processor
+
+
+def _stand_in_session():
+    """The session those stand-in runs get: a local Ray, stages at 0.1 CPU, batches of 8, no live line."""
+    return cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
+                           stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+
+
 @pytest.mark.slow
 def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they_come(local_ray, tmp_path):
     """Read blocks of 48 rows, batches of 8: without the kit's repartition each engine task would
@@ -316,13 +332,9 @@ def test_rows_enter_the_engine_a_batch_at_a_time_and_results_are_written_as_they
             time.sleep(0.3)
             return {**batch, "rows_in_task": [len(batch["id"])] * len(batch["id"])}
 
-    def processor(rows):  # light stages at the session's 0.1 CPU, as Ray Data LLM's are given them
-        return rows.map(lambda r: {**r, **guarded(r)}, num_cpus=0.1).map_batches(
-            Engine, concurrency=1, batch_size=8).map(answer, num_cpus=0.1)
-
+    processor = _light_stages_around(guarded, Engine, answer)
     out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
-    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    session = _stand_in_session()
     result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": "", "rows_in_task": 0},
                           id_column=None, answered_name="predictions.parquet", input_size=InputSize(96, "counted: the test's rows"))
     assert len(result.answered) == 96 and set(result.answered["rows_in_task"]) == {8}
@@ -375,13 +387,9 @@ def test_a_slow_run_writes_a_result_file_at_least_every_file_every_s(local_ray, 
             time.sleep(0.25)
             return batch
 
-    def processor(rows):  # light stages at the session's 0.1 CPU, as Ray Data LLM's are given them
-        return rows.map(lambda r: {**r, **guarded(r)}, num_cpus=0.1).map_batches(
-            Engine, concurrency=1, batch_size=8).map(answer, num_cpus=0.1)
-
+    processor = _light_stages_around(guarded, Engine, answer)
     out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
-    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    session = _stand_in_session()
     about = InputSize(100_000, "estimated: the test's stand-in for a big input")
     assert pipeline.rows_per_file(8, about.rows) == 1_563  # more than the 200 rows this run has
     result = pipeline.run(processor, ds, out, session, carry=["id"], outputs={"label": ""}, id_column="id",
@@ -520,8 +528,7 @@ def test_limit_runs_the_first_rows_of_the_input_even_when_the_first_file_arrives
             return batch
 
     out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=True, settings={})
-    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    session = _stand_in_session()
     result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
                           id_column="id", answered_name="predictions.parquet", limit=25)
     assert sorted(result.answered["id"]) == first_25
@@ -549,8 +556,7 @@ def test_an_engine_that_dies_after_its_first_batch_fails_the_checked_cell(local_
             return batch
 
     out = output_dir.prepare_output_dir(str(tmp_path / "out"), resume=False, settings={})
-    session = cluster.Session(cluster={}, budget=None, engine_env={}, threads_bind=None, progress=False,
-                               stage_cpus=0.1, startup_timeout_s=120, batch_size=8)
+    session = _stand_in_session()
     result = pipeline.run(_stand_in_processor(Engine), ds, out, session, carry=["id"], outputs={"label": ""},
                           id_column=None, answered_name="predictions.parquet", input_size=InputSize(64, "counted: the test's rows"))
     summary = report.run_summary(result, prediction_column="label", labels=["A"])
