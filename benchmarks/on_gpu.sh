@@ -48,6 +48,9 @@
 #   bash benchmarks/on_gpu.sh vl3b-gpus2    # captions: 10,000 small images (IMAGES), 3B VL shape, GPUs 0,1, auto
 #   bash benchmarks/on_gpu.sh twonode8b     # two Ray nodes on this host (GPU 0 the head's, GPU 1 the worker's, in
 #                                           # a mount namespace of its own), the text notebook joining them
+#   bash benchmarks/on_gpu.sh text8b-compiled  # text8b-gpus1 with TORCH_COMPILE=True (vLLM's torch.compile)
+#   bash benchmarks/on_gpu.sh importtime    # `import vllm` and vLLM's engine-core module in fresh processes, twice:
+#                                           # wall time and the slowest modules (python -X importtime)
 # Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
 # in seconds from the notebook's first cell.
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
@@ -457,6 +460,25 @@ p = pd.read_parquet(files[0]); ids = p['Customer Id']
 print(f'predictions: {len(p)} rows, {ids.nunique()} distinct ids')" || true
       $rayc stop --force >/dev/null 2>&1 || true
       exit "${status:-0}" ;;
+    # Compiling or not (2026-11-27, third session): the kit's default engines do not compile; this compiles.
+    text8b-compiled) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/compiled "$llama" "${ROWS:-100000}" '{"TORCH_COMPILE": true}' ;;
+    # What importing vLLM costs each engine (its actor, then its engine-core process): two fresh processes.
+    importtime) for i in 1 2; do
+        python3 -X importtime -c "
+import time; t = time.perf_counter(); import vllm; a = time.perf_counter(); import vllm.v1.engine.core, vllm.v1.engine.async_llm
+print(f'import vllm {a - t:.1f} s; then its engine core and AsyncLLM {time.perf_counter() - a:.1f} s')" 2> "$out/importtime$i.txt"
+        python3 - "$out/importtime$i.txt" <<'PY'
+import re, sys
+rows = [re.match(r"import time:\s*(\d+) \|\s*(\d+) \|(\s*)(\S+)", l) for l in open(sys.argv[1])]
+rows = [(int(m[2]), len(m[3]) // 2, m[4]) for m in rows if m]
+print(f"{len(rows)} modules; top-level packages by cumulative time:")
+for us, depth, name in sorted((r for r in rows if r[1] <= 1), reverse=True)[:15]:
+    print(f"  {us / 1e6:6.2f} s  {name}")
+print("slowest modules at any depth (cumulative):")
+for us, depth, name in sorted(rows, reverse=True)[:30]:
+    print(f"  {us / 1e6:6.2f} s  {'  ' * min(depth, 6)}{name}")
+PY
+      done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
@@ -467,6 +489,7 @@ case "$step" in
   text8b-warm) timeline_results=(--results $work/scale/warm) ;;
   text8b-cold) timeline_results=(--results $work/scale/cold) ;;
   text8b-conf) timeline_results=(--results $work/scale/conf) ;;
+  text8b-compiled) timeline_results=(--results $work/scale/compiled) ;;
   vl3b-gpus2) timeline_results=(--results $work/vl2/kit) ;;
   twonode8b) timeline_results=(--results $work/twonode) ;;
   text8b-gpus*) timeline_results=(--results $work/scale/gpus${step#text8b-gpus}) ;;

@@ -47,6 +47,10 @@ def common_problems(p: Mapping[str, Any], task: str) -> list[str]:
     for name in ("TRUST_REMOTE_CODE", "VERBOSE", "RESUME", "START_OVER"):
         problems += _flag_problem(name, p[name])
     problems += _flag_problem("ENFORCE_EAGER", p["ENFORCE_EAGER"], optional=True)
+    problems += _flag_problem("TORCH_COMPILE", p["TORCH_COMPILE"], optional=True)
+    if p["ENFORCE_EAGER"] is True and p["TORCH_COMPILE"] is True:
+        problems.append("TORCH_COMPILE=True asks vLLM to compile, ENFORCE_EAGER=True to run without compiling: "
+                        "set one of them to None")
     if p["LIMIT"] is not None and not (_is_int(p["LIMIT"]) and p["LIMIT"] >= 1):
         problems.append(f"LIMIT must be a positive integer or None (all rows), got {p['LIMIT']!r}")
     if p["PRESET"] not in presets.names(task):

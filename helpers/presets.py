@@ -28,6 +28,12 @@ CPU_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 #: Steps that take prompts (thousands of tokens) run without a graph either way.
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
 
+#: vLLM's compilation settings for a GPU engine that does not compile (:attr:`Preset.torch_compile`
+#: off): no torch.compile (mode 0), and CUDA graphs for the steps that only decode, the steps where
+#: launching PyTorch's kernels one by one would cost most. An attention backend without such graphs
+#: makes vLLM run those steps without them (it warns); it never fails.
+NO_COMPILE = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -54,6 +60,11 @@ class Preset:
     gpu_memory_utilization: float = 0.90  # of the GPU's memory, for all the replicas that share it
     quantization: str | None = None
     enforce_eager: bool = False
+    #: A GPU engine compiles its model with torch.compile (vLLM's default). Off, the kit's default: vLLM
+    #: then runs each step as PyTorch's kernels, with CUDA graphs for the steps that only decode, and an
+    #: engine starts without compiling (on an H200, 11 s against 50 s on a fresh machine, at the same
+    #: rate for short answers; benchmarks/RESULTS.md).
+    torch_compile: bool = False
     #: Tokenize prompts in a CPU stage of their own (Ray's tokenize stage), off the engine actor's
     #: thread; None until :func:`select` resolves it: on for text on a GPU, off on a CPU and for images.
     tokenize_stage: bool | None = None
@@ -153,8 +164,8 @@ class Preset:
 
     @property
     def cudagraph_capture_sizes(self) -> list[int] | None:
-        """The batch sizes vLLM captures CUDA graphs for, on a GPU that compiles: :data:`CAPTURE_SIZES`
-        up to vLLM's own ceiling (twice ``max_num_seqs``, at most 512); None on a CPU or eager."""
+        """The batch sizes vLLM captures CUDA graphs for, on a GPU: :data:`CAPTURE_SIZES` up to vLLM's
+        own ceiling (twice ``max_num_seqs``, at most 512); None on a CPU or eager."""
         if not self.accelerator_type or self.enforce_eager:
             return None
         ceiling = min(2 * self.max_num_seqs, 512)
@@ -191,7 +202,7 @@ class Preset:
         if self.dtype:
             kwargs["dtype"] = self.dtype
         if (sizes := self.cudagraph_capture_sizes) is not None:
-            kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes}
+            kwargs["compilation_config"] = {"cudagraph_capture_sizes": sizes, **({} if self.torch_compile else NO_COMPILE)}
         if _random_weights(self.model_source):
             kwargs["load_format"] = "dummy"  # a shape with random weights: no weights to load
         return kwargs

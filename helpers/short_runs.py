@@ -10,9 +10,10 @@ from helpers import engine
 from helpers.presets import Preset
 
 
-#: A GPU run that will read at most this many rows skips ``torch.compile`` and CUDA-graph capture
-#: when ``ENFORCE_EAGER`` is None: they pay for themselves only over many rows (on the H100, 23 s of a
-#: 157 s captioning pipeline for the 24 bundled images; benchmarks/RESULTS.md).
+#: A GPU run that will read at most this many rows runs eagerly (no CUDA-graph capture, nor
+#: ``torch.compile`` where ``TORCH_COMPILE`` asks for it) when ``ENFORCE_EAGER`` and ``TORCH_COMPILE``
+#: are None: they pay for themselves only over many rows (on the H100, compiling and capturing took
+#: 23 s of a 157 s captioning pipeline for the 24 bundled images; benchmarks/RESULTS.md).
 SHORT_RUN_ROWS = 1_000
 
 
@@ -41,10 +42,10 @@ def fit(preset: Preset, rows: int | None, given: Collection[str] = ()) -> Preset
         return preset
     if "max_concurrent_batches" not in given:
         preset = share_batches(preset, rows)
-    eager = preset.enforce_eager or "enforce_eager" in given
+    eager = preset.enforce_eager or "enforce_eager" in given or "torch_compile" in given
     if preset.accelerator_type and not eager and rows <= SHORT_RUN_ROWS:
-        why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay compilation and CUDA-graph "
-               "capture, so the engine runs eagerly")
+        why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay CUDA-graph capture, so the "
+               "engine runs eagerly")
         preset = preset.override(enforce_eager=True, reasons=(*preset.reasons, ("enforce_eager", why)))
     most = ONE_PROCESS_ROWS[preset.task]
     one_device = preset.tensor_parallel_size == preset.pipeline_parallel_size == 1

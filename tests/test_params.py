@@ -68,6 +68,7 @@ def test_review_below_needs_confidence(repo):
     ("text_classification", "PRESET", "text-llama8b-l5", "PRESET must be one of ['auto', 'text-cpu-offline'"),
     ("text_classification", "PRESET", "vision-qwen3b-l4", "PRESET must be one of"),  # the other notebook's
     ("text_classification", "ENFORCE_EAGER", "yes", "ENFORCE_EAGER must be True, False or None"),
+    ("vlm_captioning", "TORCH_COMPILE", "true", "TORCH_COMPILE must be True, False or None"),
     ("text_classification", "TOKENIZE_STAGE", 1, "TOKENIZE_STAGE must be True, False or None"),
     ("text_classification", "CONFIDENCE", "true", "CONFIDENCE must be True or False"),
     ("text_classification", "REVIEW_BELOW", 0, "REVIEW_BELOW must be a confidence in (0, 1]"),
@@ -164,3 +165,11 @@ def test_a_name_that_is_not_a_parameter_is_named_with_the_closest_one():
     assert lower.endswith("did you mean START_OVER?")
     [far] = params.unknown_names(["TEMPERATURE_X"], known, "nb")
     assert "its parameters are INPUT_PATH, LIMIT, MODEL_SOURCE, OUTPUT_DIR, START_OVER" in far
+
+
+@pytest.mark.parametrize("notebook", ["text_classification", "vlm_captioning"])
+def test_compiling_and_running_eagerly_at_once_is_refused(repo, notebook):
+    _, defaults = notebook_defaults(repo, notebook)
+    problems = PROBLEMS[notebook]({**defaults, "ENFORCE_EAGER": True, "TORCH_COMPILE": True})
+    assert any("TORCH_COMPILE=True asks vLLM to compile" in p and "set one of them to None" in p for p in problems)
+    assert not PROBLEMS[notebook]({**defaults, "ENFORCE_EAGER": True, "TORCH_COMPILE": False})

@@ -420,6 +420,7 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     assert eager(counted=None, LIMIT=1_000) and not eager(counted=None, LIMIT=1_001)
     assert eager(LIMIT=50_000)  # the input is still small
     assert not eager(ENFORCE_EAGER=False)  # yours wins
+    assert not eager(TORCH_COMPILE=True)  # compiling is asked for: the engine is not made eager
     assert not fitting.from_parameters("text", base, cluster=h100).enforce_eager  # no rows given: unknown
     cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, input_rows=309)
     assert cpu.enforce_eager and "enforce_eager" not in dict(cpu.reasons)  # a CPU runs eagerly anyway
@@ -682,3 +683,33 @@ def test_gpu_engines_capture_cuda_graphs_for_the_kits_few_step_sizes_only(smollm
     rows = {r["parameter"]: r for r in fitting.describe(text, {})}
     assert rows["cudagraph_capture_sizes"]["value"] == repr(sizes) and "padded" in rows["cudagraph_capture_sizes"]["why"]
     assert "cudagraph_capture_sizes" not in {r["parameter"] for r in fitting.describe(presets.PRESETS["text-cpu-offline"], {})}
+
+
+def test_gpu_engines_run_without_torch_compile_unless_asked(smollm2_path):
+    """torch.compile took 20-27 s of a fresh GPU engine's start (benchmarks/RESULTS.md): a GPU engine
+    gets vLLM's mode 0 with CUDA graphs for decode-only steps, which vLLM's own arguments keep as
+    given; TORCH_COMPILE=True gives vLLM's default (compiled) with the kit's graph sizes, and the
+    settings table says which and why (TORCH_COMPILE with ENFORCE_EAGER: tests/test_params.py)."""
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    h100 = {"GPU": 1.0, "accelerator_type:H100": 1.0}
+    base = {name: None for name in fitting.PARAMETER_FIELDS} | {"PRESET": "auto", "INPUT_PATH": None, "LIMIT": None}
+    plain = fitting.from_parameters("text", base, cluster=h100)
+    config = plain.engine_kwargs()["compilation_config"]
+    assert config == {"cudagraph_capture_sizes": list(presets.CAPTURE_SIZES), **presets.NO_COMPILE}
+    args = AsyncEngineArgs(model=str(smollm2_path), **{k: v for k, v in plain.engine_kwargs().items() if k != "load_format"})
+    assert args.compilation_config.mode == CompilationMode.NONE
+    assert args.compilation_config.cudagraph_mode == CUDAGraphMode.FULL_DECODE_ONLY
+    assert not CUDAGraphMode.FULL_DECODE_ONLY.requires_piecewise_compilation()  # vLLM keeps it without compiling
+    compiled = fitting.from_parameters("text", {**base, "TORCH_COMPILE": True}, cluster=h100)
+    assert compiled.engine_kwargs()["compilation_config"] == {"cudagraph_capture_sizes": list(presets.CAPTURE_SIZES)}
+    rows = {r["parameter"]: r for r in fitting.describe(plain, base)}
+    assert rows["TORCH_COMPILE"]["value"] == "False" and rows["TORCH_COMPILE"]["why"].startswith("not compiled")
+    mine = {r["parameter"]: r for r in fitting.describe(compiled, {**base, "TORCH_COMPILE": True})}
+    assert mine["TORCH_COMPILE"] == {"parameter": "TORCH_COMPILE", "value": "True", "from": "your parameter", "why": ""}
+    vision = fitting.from_parameters("vision", base, cluster=h100)
+    assert presets.NO_COMPILE.items() <= vision.engine_kwargs()["compilation_config"].items()
+    cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0})
+    assert "compilation_config" not in cpu.engine_kwargs()
+    assert {r["parameter"]: r for r in fitting.describe(cpu, base)}["TORCH_COMPILE"]["why"].startswith("GPU engines only")
