@@ -61,9 +61,10 @@ class Preset:
     quantization: str | None = None
     enforce_eager: bool = False
     #: A GPU engine compiles its model with torch.compile (vLLM's default). Off, the kit's default: vLLM
-    #: then runs each step as PyTorch's kernels, with CUDA graphs for the steps that only decode, and an
-    #: engine starts without compiling (on an H200, 11 s against 50 s on a fresh machine, at the same
-    #: rate for short answers; benchmarks/RESULTS.md).
+    #: then runs each step as PyTorch's kernels, with CUDA graphs for the steps that only decode. In the
+    #: kit on an H200 (8B shape, 100,000 prompts) an engine then initialised in 18.5 s instead of 38-40
+    #: s on a fresh machine (3 s instead of 8 s warm) and ran 3-6% slower; the whole run took 153 s
+    #: against 163 s warm and 187 s fresh (benchmarks/RESULTS.md).
     torch_compile: bool = False
     #: Tokenize prompts in a CPU stage of their own (Ray's tokenize stage), off the engine actor's
     #: thread; None until :func:`select` resolves it: on for text on a GPU, off on a CPU and for images.
