@@ -127,8 +127,9 @@ for row in fitting.describe(c, plan.parameters):
 shape = shapes.model_shape(plan.model_path)
 from helpers import cluster
 memory = cluster.visible_cluster().get("gpu_memory_gib")
-if memory is None or shape is None:
-    sys.exit(f"no GPU memory ({memory}) or model shape ({shape}) to compare the KV cache with")
+if memory is None or shape is None:  # e.g. a cluster of several nodes: the run itself is judged above
+    print(f"KV cache per engine: not compared (GPU memory {memory}, model shape {shape})")
+    sys.exit(0)
 tp = c.tensor_parallel_size
 estimate = gpus.kv_cache_estimate(shape, memory, c.memory_share, tp)
 tokens = estimate / shape.kv_bytes_per_token * tp

@@ -19,6 +19,14 @@ DEFAULT_LABELS: tuple[str, ...] = (
 PREDICTION = "predicted_label"
 
 
+def shown_columns(text_column: str, label_column: str | None, with_confidence: bool) -> list[str]:
+    """The columns the notebook's tables show of each prediction: the text, the true label where your
+    data has one, the answer, and the confidence columns only where ``CONFIDENCE`` computed them (a
+    run without it has none, and showed them as empty)."""
+    wanted = (text_column, label_column, PREDICTION, *(confidence.SHOWN if with_confidence else ()))
+    return [c for c in wanted if c]
+
+
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
