@@ -229,18 +229,6 @@ def _tokenize_stage_default(preset: Preset) -> tuple[bool, str]:
     return True, "a GPU: the engine actor's one thread only feeds the engine; a stage of its own tokenizes whole batches"
 
 
-def _torch_compile_why(preset: Preset) -> str:
-    """Why the engine compiles or not, for the settings table."""
-    if preset.accelerator_type is None:
-        return "GPU engines only (a CPU engine here runs eagerly)"
-    if preset.enforce_eager:
-        return "ENFORCE_EAGER: no compilation and no CUDA graphs"
-    if preset.torch_compile:
-        return "compiled: the engine starts later (tens of seconds on a fresh machine)"
-    return ("not compiled: an engine starts ~20 s sooner on a fresh GPU machine (~5 s warm) and runs 3-6% slower "
-            "(H200, 8B); CUDA graphs for the steps that only decode")
-
-
 def _stage_cpus_default(preset: Preset) -> tuple[float, str]:
     """Ray CPUs each light stage holds when the preset leaves it to the kit, and why (shown in the
     settings table). Measured on an H100 (benchmarks/RESULTS.md): at 0.1 CPU a 16-core node ran up to
@@ -317,7 +305,7 @@ def describe(preset: Preset, parameters: Mapping[str, Any]) -> list[dict[str, An
 
     why = {"max_num_batched_tokens": f"what vllm.LLM takes per step on this hardware ({RAY_STEP_TOKENS_NOTE})",
            "tokenize_stage": _tokenize_stage_default(preset)[1], "stage_cpus": _stage_cpus_default(preset)[1],
-           "torch_compile": _torch_compile_why(preset),
+           "torch_compile": preset.torch_compile_why,
            **dict(preset.reasons)}
     pool = describe_pool(preset.concurrency)
     why["concurrency"] = f"{why['concurrency']}; {pool}" if why.get("concurrency") else pool

@@ -172,6 +172,18 @@ class Preset:
         ceiling = min(2 * self.max_num_seqs, 512)
         return sorted({*(s for s in CAPTURE_SIZES if s < ceiling), ceiling})
 
+    @property
+    def torch_compile_why(self) -> str:
+        """Why the engine compiles or not, for the settings table."""
+        if not self.accelerator_type:
+            return "GPU engines only (a CPU engine here runs eagerly)"
+        if self.enforce_eager:
+            return "ENFORCE_EAGER: no compilation and no CUDA graphs"
+        if self.torch_compile:
+            return "compiled: the engine starts later (tens of seconds on a fresh machine)"
+        return ("not compiled: an engine starts ~20 s sooner on a fresh GPU machine (~5 s warm) and runs 3-6% slower "
+                "(H200, 8B); CUDA graphs for the steps that only decode")
+
     def override(self, **changes: Any) -> Preset:
         """A copy with ``changes``; unknown field names fail, listing the valid ones."""
         valid = {f.name for f in dataclasses.fields(self)}
