@@ -42,7 +42,8 @@ def fit(preset: Preset, rows: int | None, given: Collection[str] = ()) -> Preset
         return preset
     if "max_concurrent_batches" not in given:
         preset = share_batches(preset, rows)
-    eager = preset.enforce_eager or "enforce_eager" in given or "torch_compile" in given
+    compiles = preset.torch_compile and "torch_compile" in given  # your TORCH_COMPILE=True: not eager
+    eager = preset.enforce_eager or "enforce_eager" in given or compiles
     if preset.accelerator_type and not eager and rows <= SHORT_RUN_ROWS:
         why = (f"{rows:,} rows (at most {SHORT_RUN_ROWS:,}): too few to repay CUDA-graph capture, so the "
                "engine runs eagerly")

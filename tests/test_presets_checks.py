@@ -421,6 +421,7 @@ def test_short_gpu_runs_skip_compilation_and_long_or_unknown_ones_keep_it():
     assert eager(LIMIT=50_000)  # the input is still small
     assert not eager(ENFORCE_EAGER=False)  # yours wins
     assert not eager(TORCH_COMPILE=True)  # compiling is asked for: the engine is not made eager
+    assert eager(TORCH_COMPILE=False)  # not compiling: a short run still skips the graphs
     assert not fitting.from_parameters("text", base, cluster=h100).enforce_eager  # no rows given: unknown
     cpu = fitting.from_parameters("text", base, cluster={"CPU": 2.0}, input_rows=309)
     assert cpu.enforce_eager and "enforce_eager" not in dict(cpu.reasons)  # a CPU runs eagerly anyway
