@@ -68,6 +68,10 @@
 # NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0 set:
 #   setsid bash -c 'for s in prep70b text8b-warm text8b-gpus1 text8b-gpus2 text8b-gpus4 text70b-tp4 text70b-auto \
 #     text70b-fp8-tp2; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# 2026-11-27 (later, a machine of 2 H200s) ran, detached after the stack's install, polled by later calls:
+#   setsid bash -c 'for s in prep49 text8b-cold text8b-gpus1 text8b-compiled importtime twonode8b vl3b-gpus2 \
+#     text8b-gpus2; do IMAGES=30000 OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# then text8b-compiled and text8b-gpus1 again (OUT=/root/res2) on the same machine.
 #
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
 # calls copied /root/out/* into $OUT:
@@ -131,7 +135,7 @@ if memory is None or shape is None:  # e.g. a cluster of several nodes: the run 
     print(f"KV cache per engine: not compared (GPU memory {memory}, model shape {shape})")
     sys.exit(0)
 tp = c.tensor_parallel_size
-estimate = gpus.kv_cache_estimate(shape, memory, c.memory_share, tp)
+estimate = gpus.kv_cache_estimate(shape, memory, c.memory_share, tp, c.quantization)  # weights as the preset stores them
 tokens = estimate / shape.kv_bytes_per_token * tp
 reported = seen["kv_cache_tokens"]
 print(f"KV cache per engine: vLLM reports {reported}; the kit estimates {tokens:,.0f} tokens "
