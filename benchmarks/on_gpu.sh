@@ -51,6 +51,11 @@
 #   bash benchmarks/on_gpu.sh text8b-compiled  # text8b-gpus1 with TORCH_COMPILE=True (vLLM's torch.compile)
 #   bash benchmarks/on_gpu.sh importtime    # `import vllm` and vLLM's engine-core module in fresh processes, twice:
 #                                           # wall time and the slowest modules (python -X importtime)
+#   bash benchmarks/on_gpu.sh gpu-detect    # the GPUs as the kit reads them from CUDA's driver (helpers.local_gpus)
+#                                           # beside torch's numbers; then with no GPU visible
+#   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
+#                                           # notebook run all twice in one live kernel, the prompt changed
+#                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
 # Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
 # in seconds from the notebook's first cell.
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
@@ -484,6 +489,24 @@ for us, depth, name in sorted(rows, reverse=True)[:30]:
     print(f"  {us / 1e6:6.2f} s  {'  ' * min(depth, 6)}{name}")
 PY
       done ;;
+    # The GPUs read from CUDA's driver without torch (the plan's, 2026-11-27, fourth session), beside torch's.
+    gpu-detect) python3 -c "
+import time; t = time.perf_counter()
+from helpers import local_gpus
+seen, driver_s = local_gpus.read(), time.perf_counter() - t
+t = time.perf_counter(); import torch; imported_s = time.perf_counter() - t
+t = time.perf_counter(); n = torch.cuda.device_count(); p = torch.cuda.get_device_properties(0); torch_s = time.perf_counter() - t
+print(f'driver: {seen} in {driver_s:.2f} s; torch: {n} x {p.name}, {p.total_memory / 1024**3:.3f} GiB in {torch_s:.2f} s '
+      f'after {imported_s:.2f} s of import')
+same = (seen.count, seen.name, round(seen.memory_gib, 3)) == (n, p.name, round(p.total_memory / 1024**3, 3))
+print('the driver and torch agree' if same else 'THE DRIVER AND TORCH DIFFER')"
+      CUDA_VISIBLE_DEVICES= python3 -c "from helpers import local_gpus; print('no GPU visible:', local_gpus.read())" ;;
+    text8b-second) n=${ROWS:-20000}; csv=$work/scale/input-$n/companies.csv
+      [ -f "$csv" ] || python3 -c "
+import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import bench_pipeline as b
+b.text_input($n, Path('$csv').parent)"
+      CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_second_run.py --input "$csv" --workdir $work/second \
+        -p MODEL_SOURCE "'$llama'" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
@@ -495,6 +518,7 @@ case "$step" in
   text8b-cold) timeline_results=(--results $work/scale/cold) ;;
   text8b-conf) timeline_results=(--results $work/scale/conf) ;;
   text8b-compiled) timeline_results=(--results $work/scale/compiled) ;;
+  text8b-second) timeline_results=(--results $work/second/first --results $work/second/second) ;;
   vl3b-gpus2) timeline_results=(--results $work/vl2/kit) ;;
   twonode8b) timeline_results=(--results $work/twonode) ;;
   text8b-gpus*) timeline_results=(--results $work/scale/gpus${step#text8b-gpus}) ;;

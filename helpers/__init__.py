@@ -17,6 +17,7 @@ Each module has one job and no side effects at import. From what a notebook call
 - ``short_runs``: what a run of few known rows changes: batches shared by every replica, eager GPU engines, one-process CPU engines.
 - ``presets``: the named run configurations.
 - ``topology``: a cluster's GPUs node by node (types as Ray labels them, memory measured or assumed), what "auto" plans on.
+- ``local_gpus``: this machine's CUDA GPUs (count, type, memory) read from the driver, without torch or a CUDA context.
 - ``gpus``: the GPU types the kit knows, vLLM's per-hardware defaults, the KV cache per engine, the CPU's dtype.
 - ``engine``: what each engine replica gets: CPUs, GPU placement, cores, environment, the actor pool.
 - ``checks``: the throughput guide's rules as checks with numbers.

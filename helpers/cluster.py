@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from helpers import autoscale, engine, node_cache, topology
+from helpers import autoscale, engine, local_gpus, node_cache, topology
 from helpers.engine import CpuBudget
 from helpers.errors import Explained
 from helpers.gpus import gpu_label, ray_label
@@ -151,8 +151,8 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5, wanted: tuple[str, int
     from zero shows none at first), asking its autoscaler for the ``wanted`` GPUs (type, count) where
     you named them (:func:`helpers.autoscale.wait_for_gpus`), and marks the result ``"remote": True``;
     a cluster ``ray start`` left running on this machine is read as it is.
-    Otherwise: this machine's CUDA GPUs (type, count and measured memory), which the local Ray will
-    have. Before the run's own Ray start, so the run's CPU budget can follow the choice.
+    Otherwise: this machine's CUDA GPUs (type, count and memory, read from the driver without torch:
+    :mod:`helpers.local_gpus`), which the local Ray will have. Before the run's own Ray start, so the run's CPU budget can follow the choice.
     """
     import os
 
@@ -169,18 +169,11 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5, wanted: tuple[str, int
             resources = autoscale.wait_for_gpus(resources, wanted, timeout_s=wait_s, poll_s=poll_s)
         return {**topology.with_measured_memory(resources), "remote": remote}
     cluster: dict[str, Any] = {"CPU": float(os.cpu_count() or 1)}
-    try:
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count:
-            props = torch.cuda.get_device_properties(0)
-            memory = props.total_memory / 1024**3
-            cluster.update({"GPU": float(count), f"accelerator_type:{gpu_label(props.name)}": 1.0,
-                            "gpu_memory_gib": memory,
-                            topology.NODES: [{"gpu_type": gpu_label(props.name), "gpus": count, "memory_gib": memory}]})
-    except ImportError:
-        pass
+    gpus = local_gpus.read()  # CUDA's own numbers, without torch (see helpers.local_gpus)
+    if gpus.count and gpus.name:
+        label = gpu_label(gpus.name)
+        cluster.update({"GPU": float(gpus.count), f"accelerator_type:{label}": 1.0, "gpu_memory_gib": gpus.memory_gib,
+                        topology.NODES: [{"gpu_type": label, "gpus": gpus.count, "memory_gib": gpus.memory_gib}]})
     return cluster
 
 

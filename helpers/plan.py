@@ -8,6 +8,7 @@ import importlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import pandas as pd
@@ -23,17 +24,28 @@ from helpers.sizing import InputSize
 class Plan:
     """One run's decisions: what it reads (``source``), the configuration (``config``, a preset fitted
     to the hardware and your parameters), the model folder or id vLLM loads (``model_path``) and its
-    tokenizer, the whole input's size, and the configuration checks' warnings."""
+    tokenizer (:attr:`tokenizer`, loaded when first used), the whole input's size, and the
+    configuration checks' warnings."""
 
     task: str  # "text" or "vision"
     source: Input
     config: Preset
     model_path: str
-    tokenizer: Any
+    trust_remote_code: bool  # for the tokenizer, as for the engine
     input_size: InputSize  # rows (images) in the whole input, counted or estimated
     warnings: list[str]
     parameters: Mapping[str, Any] = field(repr=False, default_factory=dict)  # the notebook's, for the table
     notes: tuple[str, ...] = ()  # task-specific lines for describe()
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer (transformers'), loaded the first time a cell uses it. Importing
+        transformers (and torch under it) took 5-8 s of the plan cell on GPU machines: the plan's
+        own thread imports them with the processor's modules while Ray starts and the input is read
+        (:func:`import_processor_modules`), and this waits for that thread first, so that two
+        threads never import them at once."""
+        wait_for_processor_modules()
+        return _tokenizer(self.model_path, self.trust_remote_code)
 
     def describe(self, *extra: str) -> str:
         """What was decided, a line each, then the checks' warnings (or that they passed)."""
@@ -97,24 +109,38 @@ def build(task: str, p: Mapping[str, Any], source: Input, *,
     config = fitting.from_parameters(task, p, cluster=seen, input_rows=counted)
     builder = {"offline_builder": offline_builder} if offline_builder else {}
     model_path = models.resolve_model_source(config.model_source, **builder)
-    tokenizer = _tokenizer(model_path, p["TRUST_REMOTE_CODE"])
-    if context is not None:
+    tokenizer = None
+    if context is not None:  # the engine's context length needs the tokenizer now
+        tokenizer = _tokenizer(model_path, p["TRUST_REMOTE_CODE"])
         config = fitting.from_parameters(task, {**p, "MAX_MODEL_LEN": context(tokenizer)}, cluster=seen,
                                          input_rows=counted)
     checked = _checked(config, model_path, p, whole)
     import_processor_modules()  # the checks passed: the run goes on to Ray and its processor
-    return Plan(task, source, config, model_path, tokenizer, whole, checked, _parameters(p), tuple(notes))
+    made = Plan(task, source, config, model_path, p["TRUST_REMOTE_CODE"], whole, checked, _parameters(p), tuple(notes))
+    if tokenizer is not None:
+        vars(made)["tokenizer"] = tokenizer  # loaded already: the cached property's value
+    return made
 
 
 #: What Ray's ``build_processor`` imports for a vLLM processor (vLLM itself, through Ray's engine stage):
-#: 7-8 s of the processor cell on a GPU machine, 5.6 s on a 2-core CPU.
-PROCESSOR_MODULES = ("ray.llm._internal.batch.stages.vllm_engine_stage",)
+#: 7-8 s of the processor cell on a GPU machine, 5.6 s on a 2-core CPU; then what the plan's tokenizer
+#: needs beyond it (vLLM imports transformers' tokenizers already).
+PROCESSOR_MODULES = ("ray.llm._internal.batch.stages.vllm_engine_stage", "transformers.models.auto.tokenization_auto")
 #: What both those imports and the notebook's next cells (Ray's start: its metrics and dashboard
 #: clients) import, in 0.1 s: imported first, in the notebook's thread, so that the two threads never
 #: import one module at once (Python hands one of two threads that wait on each other's imports a
 #: module half imported). tests/test_processor_imports.py checks the two sets share nothing else.
 SHARED_MODULES = ("anyio.to_thread", "sniffio", "http.server", "prometheus_client", "prometheus_client.asgi",
-                  "wsgiref.simple_server", "pydantic.dataclasses")
+                  "wsgiref.simple_server", "pydantic.dataclasses", "click", "colorsys", "configparser", "ctypes.util")
+
+
+_importing: list[threading.Thread] = []  # the thread import_processor_modules started, while it runs
+
+
+def wait_for_processor_modules(timeout_s: float = 900) -> None:
+    """Wait for :func:`import_processor_modules`' thread, if one runs (at most ``timeout_s``)."""
+    while _importing:
+        _importing.pop().join(timeout=timeout_s)
 
 
 def import_processor_modules(modules: Sequence[str] = PROCESSOR_MODULES) -> threading.Thread:
@@ -139,6 +165,7 @@ def import_processor_modules(modules: Sequence[str] = PROCESSOR_MODULES) -> thre
 
     thread = threading.Thread(target=run, daemon=True, name="import-processor-modules")
     thread.start()
+    _importing.append(thread)
     return thread
 
 

@@ -287,7 +287,7 @@ def test_the_raw_side_sends_the_messages_the_notebooks_preprocess_sends():
 
     from helpers import caption, classify
 
-    text: dict = {"MAX_TOKENS": 8}  # one namespace, as a kernel's (the plan cell sets MAX_TOKENS)
+    text: dict = {"MAX_TOKENS": 8}  # one namespace, as a kernel's (the prompt cell sets MAX_TOKENS first)
     exec(_parameters_and_preprocess("text_classification"), text)
     row = {text["TEXT_COLUMN"]: "Walmart"}
     assert text["preprocess"](row)["messages"] == classify.build_messages(

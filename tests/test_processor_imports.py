@@ -33,11 +33,13 @@ namespace, main = {"__name__": "__main__"}, set()
 for first_line, source in cells:
     if source.startswith("config = vLLMEngineProcessorConfig") or (mode == "processor" and "processor" in found):
         break
+    if "run_plan.tokenizer" in source:  # the tokenizer waits for that thread: the cells from here run after it
+        found["main"] = sorted(main)
     before = set(sys.modules)
     exec(compile(source, first_line, "exec"), namespace)
     if "processor" in found and ".plan(" not in source:
         main |= set(sys.modules) - before
-found["main"] = sorted(main)
+found.setdefault("main", sorted(main))
 if mode == "processor":
     import ray
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
@@ -84,3 +86,56 @@ def test_the_plan_imports_what_rays_processor_needs_while_the_notebook_goes_on(t
     finally:
         threading.excepthook = hook
     assert not seen
+
+
+#: The text notebook's plan with its default parameters, the plan's import thread left out: what the plan
+#: cell itself imports, then the tokenizer a later cell asks for.
+PLAN_ALONE = r"""
+import json, sys
+from helpers import classify, plan
+plan.import_processor_modules = lambda *a, **k: None
+sys.path.insert(0, "benchmarks")
+import profile_cells
+namespace = {}
+exec(profile_cells.code_cells("text_classification", {"OUTPUT_DIR": repr(sys.argv[1])})[1][1], namespace)
+run_plan = classify.plan(namespace)
+seen = {"torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}
+seen["tokens"] = classify.label_token_budget(run_plan.tokenizer, namespace["LABELS"]).max_tokens
+print("SEEN " + json.dumps(seen))
+"""
+
+
+def test_the_text_plan_leaves_torch_and_transformers_to_the_import_thread(tmp_path):
+    """The text notebook's plan cell imports neither torch (the GPUs are read from CUDA's driver:
+    helpers.local_gpus) nor transformers (the tokenizer loads when the prompt cell first uses it):
+    on GPU machines those imports took 5-8 s of the plan cell, one after the other with Ray's start;
+    the plan's thread imports them while Ray starts. The tokenizer still loads when asked for."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PLAN_ALONE, str(tmp_path / "out")], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.split("SEEN ")[-1])
+    assert seen == {"torch": False, "transformers": False, "tokens": seen["tokens"]} and seen["tokens"] > 1, seen
+
+
+def test_the_tokenizer_waits_for_the_import_thread(tmp_path, monkeypatch):
+    """A cell that asks for the plan's tokenizer first waits for the plan's import thread, so that the
+    notebook's thread never imports transformers while that thread does (a module half imported)."""
+    import sys
+    import time
+
+    from helpers import plan
+
+    (tmp_path / "slow_import_for_test.py").write_text("import time\ntime.sleep(1.5)\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = []
+    monkeypatch.setattr(plan, "_tokenizer", lambda path, trust: loaded.append(
+        "slow_import_for_test" in sys.modules and getattr(sys.modules["slow_import_for_test"], "DONE", False)) or "tok")
+    thread = plan.import_processor_modules(["slow_import_for_test"])
+    started = time.perf_counter()
+    made = plan.Plan("text", None, None, "model", False, None, [])
+    assert made.tokenizer == "tok" and made.tokenizer == "tok"  # loaded once, then cached
+    assert loaded == [True] and not thread.is_alive() and time.perf_counter() - started > 1.0

@@ -1,0 +1,80 @@
+"""A second run in the same kernel, as a person in Jupyter makes it: the text notebook run all in one
+live kernel, then its prompt (``TASK``) and output folder changed in the parameters cell and run all
+again. For each run: the cells before the pipeline, the first result file's time from the run's
+first cell and from the start of its pipeline cell (the engines' start, with Ray's), and the whole run.
+
+    python benchmarks/bench_second_run.py --input companies.csv --workdir /root/bench/second \\
+        -p MODEL_SOURCE '"random-weights:unsloth/Llama-3.1-8B-Instruct"'
+
+Each ``-p NAME VALUE`` sets a parameter (VALUE is Python, as in the parameters cell), after the
+benchmark's own (greedy answers, no resume, "auto" on a GPU: ``bench_pipeline.run_settings``). The
+kernel runs in ``notebooks/`` through nbclient, as Jupyter runs it (not papermill); it writes each
+run's results under ``--workdir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+PIPELINE_CELL = "pipeline.run("
+CHANGED_TASK = "Name the industry of the company the user names."  # the second run's prompt
+
+
+def run_all(client, nb, parameters: dict[str, str], folder: Path) -> dict[str, float]:
+    """Execute every code cell of ``nb`` in ``client``'s kernel, ``parameters`` appended to its
+    parameters cell (as papermill injects them); the run's marks, in seconds from its first cell."""
+    from bench_pipeline import result_window
+
+    begun, marks = time.time(), {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        if "parameters" in cell.metadata.get("tags", []):
+            cell.source = cell.source.split("\n# injected\n")[0] + "\n# injected\n" + "\n".join(
+                f"{name} = {value}" for name, value in parameters.items())
+        if PIPELINE_CELL in cell.source:
+            marks["cells_before_pipeline_s"] = time.time() - begun
+        client.execute_cell(cell, index)
+    first, _ = result_window(folder)
+    marks["first_result_s"] = first - begun
+    marks["pipeline_cell_to_first_result_s"] = first - begun - marks["cells_before_pipeline_s"]
+    marks["whole_s"] = time.time() - begun
+    return {name: round(value, 1) for name, value in marks.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import nbformat
+    from nbclient import NotebookClient
+
+    import bench_pipeline as b
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", required=True, help="the CSV of companies both runs read")
+    parser.add_argument("--workdir", type=Path, required=True)
+    parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    args = parser.parse_args(argv)
+    settings = {name: repr(value) for name, value in b.run_settings("text", {}).items()}
+    for name, value in args.p:
+        ast.literal_eval(value)  # a literal, as the parameters cell takes
+        settings[name] = value
+    settings["INPUT_PATH"] = repr(str(Path(args.input).resolve()))
+    nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
+    client = NotebookClient(nb, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO / "notebooks")}})
+    runs = {"first": {}, "second (TASK changed)": {"TASK": repr(CHANGED_TASK)}}
+    with client.setup_kernel():
+        for name, changed in runs.items():
+            folder = args.workdir / name.split()[0]
+            marks = run_all(client, nb, {**settings, **changed, "OUTPUT_DIR": repr(str(folder))}, folder)
+            print(f"RESULT {name} run in one kernel: {marks}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
