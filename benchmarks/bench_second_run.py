@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from nbclient import NotebookClient
 
     import bench_pipeline as b
+    import run_notebooks  # scripts/, on the path bench_pipeline sets
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", required=True, help="the CSV of companies both runs read")
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         settings[name] = value
     settings["INPUT_PATH"] = repr(str(Path(args.input).resolve()))
     nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
-    client = NotebookClient(nb, timeout=900, kernel_name="python3",
-                            resources={"metadata": {"path": str(REPO / "notebooks")}})
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}},
+                            kernel_manager_class=run_notebooks.kernel_manager_class())  # local sockets, as the kit's runner
     runs = {"first": {}, "second (TASK changed)": {"TASK": repr(CHANGED_TASK)}}
     with client.setup_kernel():
         for name, changed in runs.items():

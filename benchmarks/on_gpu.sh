@@ -56,6 +56,10 @@
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run all twice in one live kernel, the prompt changed
 #                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
+#   OLD_KIT=DIR bash benchmarks/on_gpu.sh cells-ab  # the text notebook's cells before its pipeline, timed
+#                                           # (profile_cells.py --time-only), the kit checked out in DIR and this
+#                                           # one alternately, 3 rounds, each in a fresh process, 100,000 prompts
+#                                           # (copies this profile_cells.py into DIR: older ones lack --time-only)
 # Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
 # in seconds from the notebook's first cell.
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
@@ -77,6 +81,10 @@
 #   setsid bash -c 'for s in prep49 text8b-cold text8b-gpus1 text8b-compiled importtime twonode8b vl3b-gpus2 \
 #     text8b-gpus2; do IMAGES=30000 OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
 # then text8b-compiled and text8b-gpus1 again (OUT=/root/res2) on the same machine.
+# 2026-11-27 (fourth session, a machine of 1 H100) ran, detached after the stack's install, polled by later calls:
+#   setsid bash -c 'for s in prep8b gpu-detect text8b-cold text8b-gpus1 text8b-second profile8b text8b-raw; do
+#     [ $s = text8b-cold ] && export ROWS=100000 || unset ROWS; OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# then, on a fresh H100 machine, OLD_KIT=<a checkout of cdedab6> cells-ab after prep8b.
 #
 # Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
 # calls copied /root/out/* into $OUT:
@@ -507,6 +515,18 @@ import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import b
 b.text_input($n, Path('$csv').parent)"
       CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_second_run.py --input "$csv" --workdir $work/second \
         -p MODEL_SOURCE "'$llama'" ;;
+    cells-ab) python3 -c "
+import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import bench_pipeline as b
+print(b.text_input(100_000, Path('$work/profile')))"
+      cp benchmarks/profile_cells.py "${OLD_KIT:?OLD_KIT: a checkout of the kit to compare with}/benchmarks/"  # --time-only
+      for round in 1 2 3; do
+        for side in before after; do
+          dir=.; [ $side = before ] && dir=$OLD_KIT
+          echo "== $side, round $round, $(cd $dir && git rev-parse --short HEAD 2>/dev/null || echo "$dir")"
+          (cd $dir && python3 benchmarks/profile_cells.py text_classification --time-only -p MODEL_SOURCE "'$llama'" \
+            -p INPUT_PATH "'$work/profile/companies.csv'" -p OUTPUT_DIR "'$work/profile/out-$side'" | grep "^===")
+        done
+      done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?

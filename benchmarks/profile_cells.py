@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     parser.add_argument("--top", type=int, default=20, help="calls shown for each cell over --slow seconds")
     parser.add_argument("--slow", type=float, default=1.0)
+    parser.add_argument("--time-only", action="store_true", help="each cell's seconds without cProfile (its overhead "
+                        "falls on this thread only, not on the plan's import thread: comparisons of the two need this)")
     args = parser.parse_args(argv)
     os.chdir(REPO / "notebooks")  # where a kernel runs the notebook
     sys.path.insert(0, str(REPO))
@@ -61,13 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     for index, (first_line, source) in enumerate(code_cells(args.notebook, dict(args.p))):
         profile = cProfile.Profile()
         start = time.perf_counter()
-        profile.enable()
+        if not args.time_only:
+            profile.enable()
         exec(compile(source, f"<cell {index}>", "exec"), namespace)
         profile.disable()
         seconds = time.perf_counter() - start
         total += seconds
         print(f"=== cell {index}: {seconds:.2f} s  {first_line}", flush=True)
-        if seconds > args.slow:
+        if seconds > args.slow and not args.time_only:
             text = io.StringIO()
             pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
             print(text.getvalue().split("\n\n", 2)[-1].rstrip(), flush=True)
