@@ -101,6 +101,12 @@ llama="random-weights:unsloth/Llama-3.1-8B-Instruct"
 qwen="random-weights:Qwen/Qwen2.5-VL-3B-Instruct"
 export VLLM_LOGGING_LEVEL=INFO
 bench() { python3 benchmarks/bench_pipeline.py "$@"; }
+# FOLDER/companies.csv, N distinct companies (bench_pipeline.text_input), made once; prints its path.
+#   companies N FOLDER
+companies() { python3 -c "
+import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import bench_pipeline as b
+csv = Path('$2') / 'companies.csv'
+print(csv if csv.exists() else b.text_input($1, csv.parent))"; }
 llama70="random-weights:meta-llama/Llama-3.1-70B-Instruct"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H100|H200' || echo H100)  # named presets' type here
 # The kit's text notebook alone on ROWS prompts (one input per row count, made once under $work), timed
@@ -238,11 +244,7 @@ for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
     text8b-kit-s1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p CPU_STAGE_CPUS 1 ;;
     # The kit alone, 100,000 prompts: a 2,000-prompt warm-up, then CPU_STAGE_CPUS 0.1 (default), 1, 0.1 again
     # (or the runs STAGE_RUNS names); each run's cell times and summary in $out/$step.cells.txt.
-    text8b-stage-cpus) python3 -c "
-import sys; sys.path.insert(0, 'benchmarks')
-from pathlib import Path
-import bench_pipeline as b
-print(b.text_input(100_000, Path('$work/stage')))"
+    text8b-stage-cpus) companies 100000 $work/stage
       for name in ${STAGE_RUNS:-warm default one default2}; do
         case "$name" in warm) extra=(-p LIMIT 2000) ;; one*) extra=(-p CPU_STAGE_CPUS 1) ;; *) extra=() ;; esac
         echo "$name start $(date -u +%T)"
@@ -261,11 +263,7 @@ for i, c in enumerate(nb.cells):
 print("  summary:", json.dumps(json.load(open(f"{folder}/summary.json")), default=str)[:1500])
 PY
       done ;;
-    profile8b) python3 -c "
-import sys; sys.path.insert(0, 'benchmarks')
-from pathlib import Path
-import bench_pipeline as b
-print(b.text_input(100_000, Path('$work/profile')))"
+    profile8b) companies 100000 $work/profile
       python3 benchmarks/profile_cells.py text_classification --top 25 -p MODEL_SOURCE "'$llama'" \
         -p INPUT_PATH "'$work/profile/companies.csv'" -p OUTPUT_DIR "'$work/profile/out'" ;;
     text8b-kit1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 1 ;;
@@ -509,15 +507,10 @@ print(f'driver: {seen} in {driver_s:.2f} s; torch: {n} x {p.name}, {p.total_memo
 same = (seen.count, seen.name, round(seen.memory_gib, 3)) == (n, p.name, round(p.total_memory / 1024**3, 3))
 print('the driver and torch agree' if same else 'THE DRIVER AND TORCH DIFFER')"
       CUDA_VISIBLE_DEVICES= python3 -c "from helpers import local_gpus; print('no GPU visible:', local_gpus.read())" ;;
-    text8b-second) n=${ROWS:-20000}; csv=$work/scale/input-$n/companies.csv
-      [ -f "$csv" ] || python3 -c "
-import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import bench_pipeline as b
-b.text_input($n, Path('$csv').parent)"
+    text8b-second) n=${ROWS:-20000}; csv=$(companies $n $work/scale/input-$n)
       CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_second_run.py --input "$csv" --workdir $work/second \
         -p MODEL_SOURCE "'$llama'" ;;
-    cells-ab) python3 -c "
-import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import bench_pipeline as b
-print(b.text_input(100_000, Path('$work/profile')))"
+    cells-ab) companies 100000 $work/profile
       cp benchmarks/profile_cells.py "${OLD_KIT:?OLD_KIT: a checkout of the kit to compare with}/benchmarks/"  # --time-only
       for round in 1 2 3; do
         for side in before after; do

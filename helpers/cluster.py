@@ -152,7 +152,8 @@ def visible_cluster(wait_s: float = 0, poll_s: float = 5, wanted: tuple[str, int
     you named them (:func:`helpers.autoscale.wait_for_gpus`), and marks the result ``"remote": True``;
     a cluster ``ray start`` left running on this machine is read as it is.
     Otherwise: this machine's CUDA GPUs (type, count and memory, read from the driver without torch:
-    :mod:`helpers.local_gpus`), which the local Ray will have. Before the run's own Ray start, so the run's CPU budget can follow the choice.
+    :mod:`helpers.local_gpus`), which the local Ray will have. Before the run's own Ray start, so the
+    run's CPU budget can follow the choice.
     """
     import os
 

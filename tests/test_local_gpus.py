@@ -14,10 +14,9 @@ class Driver:
     a call that returns an error code instead."""
 
     def __init__(self, count=2, name=b"NVIDIA H100 80GB HBM3", total=H100_BYTES, fail=None):
-        self.count, self.name, self.total, self.fail, self.calls = count, name, total, fail, []
+        self.count, self.name, self.total, self.fail = count, name, total, fail
 
     def _code(self, call):
-        self.calls.append(call)
         return 100 if call == self.fail else 0  # CUDA_ERROR_NO_DEVICE
 
     def cuInit(self, flags):
