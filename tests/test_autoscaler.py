@@ -135,9 +135,10 @@ def autoscaling_cluster(v2: bool = False, dashboard_port: int | None = None, nod
                   head_env, temp_dir)
         yield gcs, env
     finally:
-        # The worker nodes' processes are the monitor's children and use the head's temp folder; the
-        # address alone could match another cluster's (127.0.0.1:4123 in 127.0.0.1:41234).
-        stop_processes(temp_dir)
+        # The worker nodes' processes are the monitor's children and use the head's temp folder; what
+        # one starts while it is stopped names the cluster's address (matched whole: 127.0.0.1:4123 is
+        # not 127.0.0.1:41234). The check below looks for both.
+        stop_processes(ray_tmpdir, gcs)
         left = raylets(ray_tmpdir) + raylets(gcs)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
         assert not left and not ray_processes(temp_dir), left

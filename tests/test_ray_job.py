@@ -9,6 +9,7 @@ tests/test_autoscaler.py.
 """
 
 import json
+import re
 import shutil
 import tempfile
 import os
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -28,12 +30,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_processes(temp_dir: str) -> set:
-    """Every process of the cluster that uses ``temp_dir``, with its children."""
+def ray_processes(marker: str) -> set:
+    """Every process whose command line names ``marker`` (a cluster's temp folder or address), with its
+    children. An address is matched whole: 127.0.0.1:4123 is not found in 127.0.0.1:41234."""
+    named = re.compile(re.escape(marker) + r"(?!\d)")
     found = set()
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if temp_dir in " ".join(p.info["cmdline"] or []):
+            if named.search(" ".join(p.info["cmdline"] or [])):
                 found |= {p, *p.children(recursive=True)}
         except psutil.NoSuchProcess:
             pass
@@ -77,10 +81,18 @@ def ray_start(args: list[str], env: dict, cluster: str, wrap=None, attempts: int
         _kill(left)
 
 
-def stop_processes(*markers: str) -> None:
+def stop_processes(*markers: str, within_s: float = 60) -> None:
     """Kill every process whose command line names one of ``markers`` (a cluster's temp folder or
-    address), with its children: a test's own cluster, never another Ray on the machine."""
-    _kill(set().union(*(ray_processes(m) for m in markers)))
+    address), with its children: a test's own cluster, never another Ray on the machine.
+
+    Looked for again after each kill, until none is left: a raylet or the autoscaler can start a
+    process (a worker that is still importing Ray, say) between the look and the kill, and that one
+    would outlive them."""
+    deadline = time.monotonic() + within_s
+    while found := set().union(*(ray_processes(m) for m in markers)):
+        _kill(found)
+        if time.monotonic() > deadline:
+            return
 
 
 def _kill(processes) -> None:
@@ -115,6 +127,35 @@ def test_a_node_start_that_ran_out_of_time_is_tried_again_and_any_other_failure_
     with pytest.raises(AssertionError, match="Address already in use"):
         ray_start(["--address", "127.0.0.1:1"], dict(os.environ), str(tmp_path), wrap=flaky("Address already in use"))
     assert tries.read_text().count("x") == 1  # not tried again
+
+
+def test_a_process_started_between_the_look_and_the_kill_is_stopped_too_and_a_longer_address_is_not(
+        tmp_path, monkeypatch):
+    """``stop_processes`` looks again after each kill. The first look here is followed by a new process
+    of the cluster, as when a raylet starts a worker in that moment; a process naming an address that
+    only begins with the cluster's is another cluster's and is left alone."""
+    marker, port = str(tmp_path / "ray"), free_port()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    other = subprocess.Popen([*sleeper, f"--gcs-address=127.0.0.1:{port}0"])
+    first = subprocess.Popen([*sleeper, f"--temp-dir={marker}"])
+    late = []
+    looked = ray_processes
+
+    def look(m: str) -> set:
+        found = looked(m)
+        if not late:
+            late.append(subprocess.Popen([*sleeper, f"--temp-dir={marker}"]))  # not found by the next look
+        return found
+
+    monkeypatch.setattr(sys.modules[__name__], "ray_processes", look)
+    try:
+        stop_processes(marker, f"127.0.0.1:{port}", within_s=30)
+        assert first.poll() is not None and late[0].poll() is not None
+        assert other.poll() is None
+    finally:
+        for p in (other, first, *late):
+            p.kill()
+            p.wait()
 
 
 @pytest.fixture(scope="module")
