@@ -87,17 +87,11 @@ def cluster_config(gcs: str) -> dict:
     }
 
 
-def raylets(marker: str) -> list[str]:
-    """Command lines of the raylets and their workers and agents (``pgrep -af raylet``) that name ``marker``."""
-    found = subprocess.run(["pgrep", "-af", "raylet"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in found if re.search(re.escape(marker) + r"(?!\d)", line)]
-
-
 @contextmanager
 def autoscaling_cluster(v2: bool = False, dashboard_port: int | None = None, node_env: dict | None = None):
     """``(gcs address, env)``: a 1-CPU head whose autoscaler (Ray's monitor; ``v2``: autoscaler v2, set up
     as Ray's ``AutoscalingCluster`` does) runs the fake provider. Stopped by PID afterwards with every
-    node it launched (never ``ray stop``), and checked: no raylet of it is left.
+    node it launched (never ``ray stop``), and checked: no process of it is left.
 
     ``dashboard_port``: the head's dashboard, and with it the job API (``ray job submit``), on
     ``http://127.0.0.1:<dashboard_port>``; without it, no dashboard. ``node_env``: variables the nodes
@@ -137,11 +131,10 @@ def autoscaling_cluster(v2: bool = False, dashboard_port: int | None = None, nod
     finally:
         # The worker nodes' processes are the monitor's children and use the head's temp folder; what
         # one starts while it is stopped names the cluster's address (matched whole: 127.0.0.1:4123 is
-        # not 127.0.0.1:41234). The check below looks for both.
-        stop_processes(ray_tmpdir, gcs)
-        left = raylets(ray_tmpdir) + raylets(gcs)
+        # not 127.0.0.1:41234).
+        left = stop_processes(ray_tmpdir, gcs)
         shutil.rmtree(ray_tmpdir, ignore_errors=True)
-        assert not left and not ray_processes(temp_dir), left
+        assert not left, [p.as_dict(["pid", "cmdline"]) for p in left]
 
 
 @pytest.fixture

@@ -81,18 +81,17 @@ def ray_start(args: list[str], env: dict, cluster: str, wrap=None, attempts: int
         _kill(left)
 
 
-def stop_processes(*markers: str, within_s: float = 60) -> None:
+def stop_processes(*markers: str) -> set:
     """Kill every process whose command line names one of ``markers`` (a cluster's temp folder or
     address), with its children: a test's own cluster, never another Ray on the machine.
 
     Looked for again after each kill, until none is left: a raylet or the autoscaler can start a
     process (a worker that is still importing Ray, say) between the look and the kill, and that one
-    would outlive them."""
-    deadline = time.monotonic() + within_s
-    while found := set().union(*(ray_processes(m) for m in markers)):
+    would outlive them. Returns what the last look found: nothing, unless some still ran after 60 s."""
+    deadline = time.monotonic() + 60
+    while (found := set().union(*(ray_processes(m) for m in markers))) and time.monotonic() < deadline:
         _kill(found)
-        if time.monotonic() > deadline:
-            return
+    return found
 
 
 def _kill(processes) -> None:
@@ -149,7 +148,7 @@ def test_a_process_started_between_the_look_and_the_kill_is_stopped_too_and_a_lo
 
     monkeypatch.setattr(sys.modules[__name__], "ray_processes", look)
     try:
-        stop_processes(marker, f"127.0.0.1:{port}", within_s=30)
+        assert not stop_processes(marker, f"127.0.0.1:{port}")
         assert first.poll() is not None and late[0].poll() is not None
         assert other.poll() is None
     finally:
