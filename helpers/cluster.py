@@ -1,341 +1,502 @@
-"""Joining or starting Ray for a run, what the cluster has, and whether the run can ever be scheduled on it."""
+"""Ray for a run: its GPUs read (this machine's, or a cluster's node by node), Ray started or joined
+with room for every stage, what every node needs prepared, and a cluster's autoscaler asked for
+what is missing; a run that can never be scheduled is refused with the numbers instead of waiting.
+
+The kit's only uses of Ray's internals are here, each marked ``Ray 2.60 internal`` with why."""
 
 from __future__ import annotations
 
+import ctypes
+import importlib
+import json
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from helpers import autoscale, engine, local_gpus, node_cache, topology
-from helpers.engine import CpuBudget
-from helpers.errors import Explained
-from helpers.gpus import gpu_label, ray_label
-from helpers.output_dir import prepare_output_dir
-from helpers.outputs import RunOutputs, describe_request
-from helpers.progress import dashboard, interactive
+from helpers.parameters import Explained, flag, raise_if
+from helpers.presets import GPUS, ray_label
+
+# --- the GPUs ------------------------------------------------------------------------------------
 
 
-def cluster_address() -> str | None:
-    """The Ray cluster this run joins, found as ``ray.init()`` finds it: ``RAY_ADDRESS`` (a Ray job, a
-    remote cluster), else the cluster that ``ray start`` left running on this machine (its address
-    recorded in Ray's temp folder, its GCS process alive). ``None``: no cluster, start a local Ray.
-
-    Ray's own rule is to join such a cluster even without ``RAY_ADDRESS``: the kit follows it
-    (and then must not size the cluster: Ray refuses ``num_cpus`` when it connects). A record left
-    by a cluster that is gone is ignored (``ray.init()`` would try to join it and fail)."""
-    address = os.environ.get("RAY_ADDRESS") or None
-    if address == "local":  # Ray's own word for "start one, join none"
-        return None
-    if address:
-        return address
-    from ray._private import services
-
-    recorded = services.find_bootstrap_address(None)
-    if recorded and recorded in set(services.find_gcs_addresses()):
-        return recorded
-    return None
-
-
-def enable_token_auth_if_available() -> None:
-    """Before joining a cluster: Ray 2.60's ``ray start`` turns token authentication on, but a driver
-    that joins it sends its token only in token mode, so a plain join fails (``InvalidAuthToken``,
-    retried for ~20 s). Ray's own rule for a local cluster it starts, token mode when
-    ``RAY_AUTH_MODE`` is unset and a token exists (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``,
-    ``RAY_AUTH_TOKEN_PATH``), is applied here too. A cluster without authentication accepts such a
-    driver as well (tried). ``RAY_AUTH_MODE`` set by you always wins."""
+def local_gpus() -> tuple[int, str | None, float | None]:
+    """This machine's CUDA GPUs (those ``CUDA_VISIBLE_DEVICES`` leaves): count, the first one's name and
+    memory in GiB, from the driver's library. Not torch: importing it took 3-10 s of the first cell on
+    GPU machines and starts CUDA in the kernel. Any driver error reads as no GPU, as torch reads it."""
+    driver = None
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            driver = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    count, device, memory, text = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_size_t(0), ctypes.create_string_buffer(256)
     try:
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-    except ImportError:  # another Ray: its own defaults apply
+        if (driver is None or driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0
+                or count.value < 1 or driver.cuDeviceGet(ctypes.byref(device), 0) != 0
+                or driver.cuDeviceGetName(text, ctypes.c_int(256), device) != 0
+                or driver.cuDeviceTotalMem_v2(ctypes.byref(memory), device) != 0):
+            return 0, None, None
+    except AttributeError:  # not a CUDA driver
+        return 0, None, None
+    return count.value, text.value.decode(errors="replace"), memory.value / 1024**3
+
+
+def gpu_label(device_name: str) -> str:
+    """The ``accelerator_type`` Ray gives a node with this CUDA device ("NVIDIA L40S" is an L40S)."""
+    # Ray 2.60 internal: Ray's own rule, so that "auto" names the type as Ray schedules it.
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+
+    return NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(device_name) or "unknown"
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The GPUs a plan is made for: one type, its count on each node, one GPU's memory, and the rest."""
+
+    gpu_type: str | None
+    per_node: tuple[int, ...] = ()
+    memory_gib: float | None = None
+    memory_basis: str = "unknown"
+    others: str = ""
+
+    @property
+    def count(self) -> int:
+        return sum(self.per_node)
+
+    @property
+    def largest_node(self) -> int:
+        return max(self.per_node, default=0)
+
+    def replicas(self, per_replica: int) -> int:
+        return sum(n // max(1, per_replica) for n in self.per_node)
+
+    def describe(self) -> str:
+        nodes = f" on {len(self.per_node)} nodes ({' + '.join(map(str, self.per_node))})" if len(self.per_node) > 1 else ""
+        memory = "memory unknown" if self.memory_gib is None else f"{self.memory_gib:.0f} GiB each, {self.memory_basis}"
+        return f"{self.count} x {self.gpu_type or 'GPU of no reported type'}{nodes} ({memory}){self.others}"
+
+
+def choose(cluster: Mapping[str, Any], gpu_type: str | None = None) -> Gpus:
+    """The GPU type to plan for: ``gpu_type`` where named, else the most numerous; its memory as
+    measured, else the kit's table. ``cluster``: :func:`visible`'s description."""
+    nodes = [n for n in cluster.get("nodes", []) if n["gpus"]]
+    totals: dict[str | None, int] = {}
+    for n in nodes:
+        totals[n["gpu_type"]] = totals.get(n["gpu_type"], 0) + n["gpus"]
+    chosen = ray_label(gpu_type) if gpu_type else min(totals, key=lambda t: (-totals[t], t or ""), default=None)
+    mine = [n for n in nodes if n["gpu_type"] == chosen]
+    measured = [n["memory_gib"] for n in mine if n.get("memory_gib")]
+    table = GPUS.get(gpu_type or "") or GPUS.get(chosen or "")
+    memory, basis = ((min(measured), "measured") if measured else
+                     (table.memory_gib, f"not measured: the kit's table for {table.name}") if table else (None, "unknown"))
+    others = ", ".join(f"{c} x {t or 'untyped'}" for t, c in sorted(totals.items(), key=str) if t != chosen)
+    return Gpus(chosen, tuple(n["gpus"] for n in mine), memory, basis, f"; left out: {others}" if others else "")
+
+
+def read_cluster() -> dict[str, Any]:
+    """The running Ray cluster: its resources, each live node's CPUs, GPUs and GPU type (Ray's label)."""
+    import ray
+
+    nodes = []
+    for node in ray.nodes():
+        if node.get("Alive"):
+            r = node.get("Resources") or {}
+            types = sorted(k.split(":", 1)[1] for k in r if k.startswith("accelerator_type:"))
+            nodes.append({"cpus": float(r.get("CPU", 0)), "gpus": int(r.get("GPU", 0)), "gpu_type": types[0] if types else None})
+    return {**ray.cluster_resources(), "nodes": nodes}
+
+
+def measure_memory(gpu_type: str | None, timeout_s: float = 30) -> float | None:
+    """One GPU's memory in GiB, read by a task on a node that has one; None where none is free in time."""
+    import ray
+
+    def total() -> float | None:
+        try:
+            import torch
+
+            return torch.cuda.get_device_properties(0).total_memory / 1024**3 if torch.cuda.is_available() else None
+        except Exception:  # no torch or no driver there: the table stands
+            return None
+
+    resources = {f"accelerator_type:{gpu_type}": 0.001} if gpu_type else {}
+    ref = ray.remote(num_gpus=1, num_cpus=0, resources=resources, max_retries=0)(total).remote()
+    if not ray.wait([ref], timeout=timeout_s)[0]:
+        ray.cancel(ref, force=True)
+        return None
+    try:
+        return ray.get(ref)
+    except Exception:
+        return None
+
+
+def visible(wait_s: float = 0, wanted: tuple[str, int] | None = None) -> dict[str, Any]:
+    """What ``PRESET="auto"`` plans on: the cluster ``RAY_ADDRESS`` names (each GPU type's memory
+    measured on one of its nodes; a cluster that scales from zero shows no GPUs until work asks for
+    them, so its autoscaler is asked for the ``wanted`` (type, count) and waited for up to ``wait_s``),
+    else this machine's GPUs, read before Ray starts."""
+    address = os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
+        import ray
+
+        if not ray.is_initialized():
+            _token_auth()
+            ray.init(address=address, log_to_driver=False)
+        found = read_cluster()
+        if not found.get("GPU") and wait_s:
+            if wanted:
+                gpu = {"GPU": 1.0, f"accelerator_type:{wanted[0]}": 0.001}
+                found = wait_for(found, [dict(gpu) for _ in range(wanted[1])],
+                                 lambda c: gpu_problems(c, wanted[0], 1, wanted[1]), timeout_s=wait_s)[0]
+            else:
+                deadline = time.monotonic() + wait_s
+                while not found.get("GPU") and time.monotonic() < deadline:
+                    time.sleep(5)
+                    found = read_cluster()
+        memory = {t: measure_memory(t) for t in {n["gpu_type"] for n in found["nodes"] if n["gpus"]}}
+        return {**found, "remote": True, "nodes": [{**n, "memory_gib": memory.get(n["gpu_type"])} for n in found["nodes"]]}
+    count, name, memory_gib = local_gpus()
+    node = {"cpus": float(os.cpu_count() or 1), "gpus": count, "gpu_type": gpu_label(name) if count and name else None,
+            "memory_gib": memory_gib}
+    return {"CPU": node["cpus"], "GPU": float(count), "nodes": [node]}
+
+
+# --- what a run needs, and whether the cluster has it ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a run holds: engine replicas (one CPU each, and their GPUs), light stage actors, and room
+    for one light task. Actors hold their CPUs for the whole run; if they leave less than a task's
+    worth free, Ray's tasks wait forever without an error."""
+
+    replicas: int
+    stage_actors: int
+    stage_cpus: float
+    gpu_type: str | None = None  # Ray's label
+    gpus_per_replica: float = 0
+    task_cpus: float = 1.0
+
+    @property
+    def reserved(self) -> float:
+        return self.replicas + self.stage_cpus * self.stage_actors
+
+    def bundles(self) -> list[dict[str, float]]:
+        """The shapes the autoscaler is asked for: a replica's CPU and GPUs (one bundle per GPU worker,
+        as Ray Data LLM places tp x pp), each light actor, one light task."""
+        engine: list[dict[str, float]] = [{"CPU": 1.0}]
+        if self.gpu_type:
+            gpu = {"GPU": min(self.gpus_per_replica, 1.0), f"accelerator_type:{self.gpu_type}": 0.001}
+            engine = [{"CPU": 1.0, **gpu}] + [dict(gpu) for _ in range(round(self.gpus_per_replica) - 1)]
+        light = [{"CPU": self.stage_cpus}] * self.stage_actors if self.stage_cpus else []
+        return [dict(b) for _ in range(self.replicas) for b in engine] + [dict(b) for b in light] + [{"CPU": self.task_cpus}]
+
+
+def gpu_problems(cluster: Mapping[str, Any], gpu_type: str, per_replica: float, replicas: int) -> list[str]:
+    """What ``cluster`` lacks for ``replicas`` engines of ``per_replica`` GPUs each, node by node."""
+    label = ray_label(gpu_type)
+    if f"accelerator_type:{label}" not in cluster:
+        types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
+        return [f"ACCELERATOR_TYPE={gpu_type!r} is not in the cluster (it has: {types or 'none'})"]
+    gpus = choose(cluster, label)
+    fit = (sum(int(n / per_replica + 1e-9) for n in gpus.per_node) if per_replica < 1
+           else gpus.replicas(math.ceil(per_replica - 1e-9)))
+    if fit >= replicas:
+        return []
+    return [f"{replicas} engine replicas x {per_replica:g} GPU need {math.ceil(per_replica * replicas - 1e-9)} GPUs, "
+            f"but the cluster has {gpus.describe()}, which holds {fit} (a replica's GPUs are on one node)"]
+
+
+def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
+    """What ``cluster`` lacks for ``needs``, in words: the CPUs in all, then every actor placed node by
+    node (largest first, as Ray places them) with a light task's room left on some node, then GPUs."""
+    if needs.reserved + needs.task_cpus > cluster.get("CPU", 0.0):
+        return [f"the actors reserve {needs.reserved:g} CPUs and tasks need {needs.task_cpus:g} more, "
+                f"but the cluster has {cluster.get('CPU', 0.0):g} CPUs"]
+    found = []
+    free = sorted((n["cpus"] for n in cluster.get("nodes", [])), reverse=True)
+    shown = " + ".join(f"{c:g}" for c in free)
+    for need in sorted([1.0] * needs.replicas + [needs.stage_cpus] * needs.stage_actors, reverse=True):
+        room = next((i for i, f in enumerate(free) if f + 1e-9 >= need), None)
+        if room is None:
+            found.append(f"an actor holding {need:g} CPUs fits on none of the nodes once the others are placed "
+                         f"(nodes of {shown} CPUs)")
+            break
+        free[room] -= need
+    if not found and free and max(free) + 1e-9 < needs.task_cpus:
+        found.append(f"with the actors placed, no node keeps {needs.task_cpus:g} CPU free for the pipeline's tasks "
+                     f"(nodes of {shown} CPUs)")
+    if needs.gpu_type:
+        found += gpu_problems(cluster, needs.gpu_type, needs.gpus_per_replica, needs.replicas)
+    return found
+
+
+class UnschedulableError(Explained, RuntimeError):
+    """The run asks for what the cluster does not have: Ray would wait forever."""
+
+
+# --- a cluster's autoscaler ------------------------------------------------------------------------
+
+
+def detect_autoscaler(wait_s: float = 12) -> str | None:
+    """``"v2"``, ``"v1"``, None (Ray's monitor reports a cluster it cannot grow: only ``node_<id>`` types,
+    no ``--autoscaling-config``) or ``"unknown"`` (no report yet, or a platform's own autoscaler)."""
+    # Ray 2.60 internal: the autoscaler's records in the GCS, as `ray status` reads them.
+    import ray._raylet as raylet
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        if _internal_kv_get(raylet.GCS_AUTOSCALER_V2_ENABLED_KEY, namespace=raylet.GCS_AUTOSCALER_STATE_NAMESPACE) == b"1":
+            return "v2"
+        kind = "unknown"
+        try:
+            report = json.loads(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS) or b"")
+            summary = report.get("autoscaler_report") if time.time() - float(report.get("time", 0)) <= 60 else None
+            types = {*(summary.get("active_nodes") or {}), *(summary.get("idle_nodes") or {}),
+                     *(summary.get("pending_launches") or {}), *(n[1] for n in summary.get("pending_nodes") or [])} if summary else set()
+            if types:
+                kind = "v1" if any(not (t.startswith("node_") and len(t) == 61) for t in types) else None
+        except ValueError:
+            pass
+        if kind != "unknown" or time.monotonic() >= deadline:
+            return kind
+        time.sleep(2)
+
+
+def _state():
+    # Ray 2.60 internal: autoscaler v2's reply to the GCS (it holds the infeasible requests).
+    from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
+    from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+    reply = GetClusterStatusReply()
+    reply.ParseFromString(internal_kv_get_gcs_client().get_cluster_status(timeout_s=10))
+    return reply
+
+
+def wait_for(cluster: dict[str, Any], shapes: list[dict[str, float]], missing: Callable[[dict[str, Any]], list[str]],
+             *, timeout_s: float, poll_s: float = 5) -> tuple[dict[str, Any], str]:
+    """Ask the cluster's autoscaler for ``shapes`` and wait up to ``timeout_s`` until ``missing`` finds
+    nothing; return the cluster then, and why it still falls short ("" when it does not): no autoscaler
+    (at once), one that reports the request infeasible (v2), or the time ran out. The request is always
+    withdrawn: Ray keeps it past this driver and it would hold the nodes up for good."""
+    from ray.autoscaler.sdk import request_resources
+
+    from helpers.progress import say
+
+    kind = detect_autoscaler()
+    if kind is None:
+        return cluster, "The cluster has no autoscaler that could add nodes."
+    started = time.monotonic()
+    request_resources(bundles=shapes)
+    version = _state().cluster_resource_state.cluster_resource_state_version if kind == "v2" else 0
+    try:
+        say(f"Waiting up to {timeout_s:g} s (startup_timeout_s) for the cluster's autoscaler to add nodes: "
+            f"{'; '.join(missing(cluster))}.")
+        while True:
+            cluster = read_cluster()
+            if not missing(cluster):
+                say(f"The autoscaler added them in {time.monotonic() - started:.0f} s: the cluster has "
+                    f"{cluster.get('CPU', 0):g} CPUs and {cluster.get('GPU', 0):g} GPUs now.")
+                return cluster, ""
+            if kind == "v2":
+                state = _state().autoscaling_state
+                if state.last_seen_cluster_resource_state_version >= version and state.infeasible_cluster_resource_constraints:
+                    return cluster, "The cluster's autoscaler reports that none of its node types can provide them."
+            if time.monotonic() - started >= timeout_s:
+                return cluster, (f"The cluster's autoscaler did not add them within {timeout_s:g} s: see `ray status` "
+                                 "for its node types, limits and failed launches.")
+            time.sleep(poll_s)
+    finally:
+        try:
+            request_resources(bundles=[])
+        except Exception:  # a cluster gone: nothing to withdraw
+            pass
+
+
+# --- what every node prepares: the offline models and the sample images ---------------------------
+
+_recorded: list[dict[str, Any]] = []
+#: Ray's setup hook: every worker of the run prepares what the driver prepared, on its own node.
+HOOK = f"{__name__}.prepare_this_node"
+PREPARE_ENV = "LLM_KIT_NODE_CACHE"
+
+
+def record(builder: Callable[..., Any], cache: Path, what: str) -> None:
+    """Note that this process prepared ``builder(cache=cache)``: every node of a Ray started after this
+    prepares the same, at the same absolute path, before its workers read from it."""
+    spec = {"builder": f"{builder.__module__}.{builder.__qualname__}", "cache": str(Path(cache).expanduser().resolve()),
+            "what": what}
+    if spec not in _recorded:
+        _recorded.append(spec)
+
+
+class NodeCacheError(Explained, RuntimeError):
+    """A node cannot prepare what the run's tasks read there."""
+
+
+def _prepare(specs: Sequence[Mapping[str, Any]]) -> str:
+    """Prepare ``specs`` here; "" when done, else why not and what to do."""
+    import socket
+
+    for spec in specs:
+        module, _, name = spec["builder"].rpartition(".")
+        try:
+            getattr(importlib.import_module(module), name)(cache=Path(spec["cache"]))
+        except Exception as exc:
+            remedy = getattr(exc, "remedy", None) or ("Make that folder writable on every node, or set LLM_KIT_CACHE "
+                                                       "to a folder every node can write, at the same path on each")
+            return (f"the node {socket.gethostname()} cannot prepare {spec['what']} in {spec['cache']}: "
+                    f"{type(exc).__name__}: {exc}. {remedy}")
+    return ""
+
+
+def prepare_this_node() -> None:
+    """Ray's ``worker_process_setup_hook`` for a run (:data:`HOOK`)."""
+    if os.environ.get(PREPARE_ENV):
+        why = _prepare(json.loads(os.environ[PREPARE_ENV]))
+        if why:
+            raise NodeCacheError(why)
+
+
+def job_env() -> dict[str, Any]:
+    """The enclosing Ray job's ``runtime_env`` ({} outside one): what ``ray.init`` must not set again."""
+    try:
+        return dict(json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {})
+    except (ValueError, AttributeError, TypeError):
+        return {}
+
+
+def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Mapping[str, Any]], timeout_s: float,
+                 env: Mapping[str, str] | None = None) -> list[Any]:
+    """``fn(*args)`` once on each of ``nodes`` (``ray.nodes()`` entries) at once, a zero-CPU task pinned
+    there and never retried; what each returned, or the error it failed with."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    options = {"runtime_env": {"env_vars": dict(env)}} if env else {}
+    task = ray.remote(num_cpus=0, max_retries=0)(fn)
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options)
+            .remote(*args) for n in nodes]
+    deadline, answers = time.monotonic() + timeout_s, []
+    for ref in refs:
+        try:
+            answers.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
+            answers.append(exc)
+    return answers
+
+
+def prepare_every_node(timeout_s: float = 900) -> None:
+    """Prepare what this process prepared on every other live node now (a model converts in ~30 s),
+    so that the run starts with each one ready; raise naming each node that cannot, and its path."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
+    if not _recorded or not nodes:
+        return
+    # The check's own workers skip the setup hook: a failing hook ends a worker with no reason given.
+    answers = on_each_node(_prepare, [list(_recorded)], nodes, timeout_s, env={"RAY_WORKER_PROCESS_SETUP_HOOK": ""})
+    found = [str(a) if isinstance(a, BaseException) else a for a in answers if a]
+    if found:
+        raise NodeCacheError("This run cannot start: what its tasks read cannot be prepared on every node:\n- "
+                             + "\n- ".join(found))
+
+
+def checkpoint_filter():
+    """Ray Data's checkpoint filter for Arrow and pandas blocks: Ray 2.60's asserts every block is Arrow,
+    and ``read_webdataset`` yields pandas ones (resuming a webdataset failed with a bare AssertionError)."""
+    import pyarrow
+    # Ray 2.60 internal: the filter class Ray's checkpointing uses, extended to pandas blocks.
+    from ray.data.block import BlockAccessor
+    from ray.data.checkpoint.checkpoint_filter import NumpyArrayBasedCheckpointFilter
+
+    class AnyBlockCheckpointFilter(NumpyArrayBasedCheckpointFilter):
+        def filter_rows_for_block(self, block):
+            if not isinstance(block, pyarrow.Table) and len(block):
+                block = BlockAccessor.for_block(block).to_arrow()
+            return super().filter_rows_for_block(block)
+
+    return AnyBlockCheckpointFilter
+
+
+# --- starting Ray ----------------------------------------------------------------------------------
+
+
+def _token_auth() -> None:
+    """Ray 2.60's ``ray start`` turns token authentication on, and a driver sends its token only in token
+    mode: Ray's own rule (token mode where a token exists and ``RAY_AUTH_MODE`` is unset) applied here."""
+    try:  # Ray 2.60 internal: the function Ray runs for a cluster it starts itself.
+        from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+    except ImportError:
         return
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-#: Loggers whose INFO and WARNING notices need nothing from a user of the kit (their messages): Ray's
-#: start ("Started a local Ray instance", "Calling ray.init() again"), token authentication being on
-#: (Ray 2.60's default; a notice, not a problem), Ray Data LLM's "No cloud storage mirror configured".
-QUIET_LOGGERS = ("ray._private.worker", "ray._private.authentication")
+def engine_env(plan: Any, joined: bool) -> dict[str, str]:
+    """The engines' environment variables, shipped in the processor's ``runtime_env``, which Ray shows in
+    its Dashboard: never a secret (``HF_TOKEN`` reaches the engines from their own environment)."""
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_CPU_KVCACHE_SPACE": str(plan.kv_cache_gib)}  # GiB, a whole number
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not plan.accelerator_type and plan.replicas == 1 and not joined and len(cores) > 1:
+        # vLLM keeps one core back for its scheduler: on 2 cores a lone CPU engine took 1.8x as long.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    if os.environ.get("HF_HUB_OFFLINE"):
+        env["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
+    taken = (job_env().get("env_vars") or {})  # Ray refuses a runtime_env that sets the job's variables again
+    return {k: v for k, v in env.items() if k not in taken}
 
 
-def quiet_ray_notices() -> None:
-    """Raise the loggers of :data:`QUIET_LOGGERS`, and Ray Data LLM's (each has a handler and level of
-    its own), to ERROR: in a notebook each notice is a red line a person cannot act on. ``VERBOSE``
-    keeps them."""
-    import logging
-
-    names = [*QUIET_LOGGERS, "ray.llm", *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm."))]
-    for name in names:
-        logging.getLogger(name).setLevel(logging.ERROR)
-    llm = logging.getLogger("ray.llm")
-    if not llm.handlers:  # Ray Data LLM gives a logger made later a handler and INFO level of its own unless
-        llm.addHandler(logging.NullHandler())  # "ray.llm" has a handler: then it inherits ERROR from here
-
-
-def parquet_reads_without_footer_actors() -> None:
-    """Read parquet with Ray Data's first reader (``DataContext.use_datasource_v2 = False``, Ray's own
-    switch, also ``RAY_DATA_USE_DATASOURCE_V2=0``). Ray 2.60's default reader starts a pool of 32
-    footer-reading actors (``RAY_DATA_PARQUET_FOOTER_NUM_ACTORS``), each a worker process, for every
-    read, however few the files. Ray's checkpoint filter reads the finished rows that way when a run
-    resumes. The first 20 rows of a 26-row parquet file took 16-26 s each time on a 2-core machine,
-    0.3-2.7 s with the first reader (benchmarks/RESULTS.md). The setting holds for this process's reads
-    from now on."""
-    import ray
-
-    ray.data.DataContext.get_current().use_datasource_v2 = False
-
-
-def _init_ray(budget: CpuBudget, env_vars: dict[str, str], verbose: bool = False,
-              progress: bool | None = None) -> dict[str, Any]:
-    """Connect to Ray, or start a local Ray sized by ``budget``; return the cluster's resources.
-
-    On a cluster (:func:`cluster_address`: ``RAY_ADDRESS``, e.g. in a Ray job, or one ``ray start``
-    left running on this machine), the cluster's own resources apply.
-    ``verbose=False`` turns off Ray Data's INFO logs, which in a non-interactive run (papermill, a
-    job) become thousands of log lines in the report. ``progress`` (default: ``verbose``) turns
-    Ray Data's progress reports on or off on their own: outside a terminal Ray logs them as a
-    short table every 10 seconds. Every node gets what the run's tasks read from the kit's cache, or
-    the run stops here naming the node and the path (:mod:`helpers.node_cache`).
-
-    Ray Data's default starts every stage's actors at once, and the kit keeps it. A positive
-    ``wait_for_min_actors_s`` (the kit set one up to 2026-11-22, to bound the start) makes each
-    actor pool wait for its actors before the next operator starts: on the H100 that put 36 s for
-    the multimodal stage and 13 s for the chat template before the engine's 79 s.
-    :func:`helpers.progress.first_results_within` bounds the wait instead;
-    ``benchmarks/bench_startup.py`` measures both ways (Ray reads its default from
-    ``RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S``).
-    """
+def start(plan: Any, verbose: bool = False) -> dict[str, str]:
+    """Join the cluster ``RAY_ADDRESS`` names (a Ray job sets it), or start Ray on this machine with room
+    for every stage; ask the cluster's autoscaler for what it lacks; refuse what can never be scheduled;
+    prepare every node. Returns the engines' environment (the processor's ``runtime_env``)."""
     import logging
 
     import ray
 
-    parquet_reads_without_footer_actors()
+    raise_if(flag("VERBOSE", verbose))
+    needs = Needs(plan.replicas, plan.replicas * (2 if plan.tokenize_stage or plan.task == "vision" else 1),
+                  plan.stage_cpus, ray_label(plan.accelerator_type) if plan.accelerator_type else None,
+                  plan.gpus_per_replica)
+    address = os.environ.get("RAY_ADDRESS")
+    joined = bool(address) and address != "local"
     context = ray.data.DataContext.get_current()
-    progress = verbose if progress is None else progress
-    context.enable_progress_bars = progress
-    if not verbose:  # the memory-use hints repeat every 30 s for the tokenizer stages' ~0.5 GB
-        context.issue_detectors_config.detectors = []
-    logging.getLogger("ray.data").setLevel(logging.INFO if verbose else logging.WARNING)
-    # Off, Ray would still warn once per run that progress bars are off: noise in a report.
-    logging.getLogger("ray.data._internal.progress").setLevel(logging.INFO if progress else logging.ERROR)
-    if not verbose:
-        quiet_ray_notices()
-
+    context.use_datasource_v2 = False  # Ray 2.60's parquet reader starts 32 actors per read: 16-26 s a resume
+    context.enable_progress_bars = verbose  # the kit shows one line of its own
+    if not verbose:  # notices a person cannot act on; VERBOSE keeps them
+        context.issue_detectors_config.detectors = []  # memory hints every 30 s
+        for name in ("ray.data", "ray._private.worker", "ray._private.authentication", "ray.data._internal.progress",
+                     *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm"))):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    env = engine_env(plan, joined)
     if ray.is_initialized():
         ray.shutdown()
-    # Worker logs (vLLM's start-up chatter) only when verbose; errors still surface as exceptions.
-    kwargs: dict[str, Any] = {"log_to_driver": verbose}
-    address = cluster_address()
-    if address is None:  # "local": never join a cluster by a stale record; sized for the pipeline
-        # No job-wide runtime_env: a local Ray's workers inherit this process's environment and
-        # cache, and the engines get theirs from the processor. Ray starts a worker process for
-        # each task that asks for a runtime_env its ready workers lack: a job-wide one made the
-        # first read wait ~7 s on a 2-core machine, and every light task a process of its own.
-        kwargs.update(address="local", num_cpus=budget.ray_cpus)
-    else:
-        enable_token_auth_if_available()
-        kwargs.update(address=address, runtime_env=node_cache.runtime_env({"env_vars": env_vars}))
-    ray.init(**kwargs)
-    node_cache.check_every_node_has()  # the offline model and sample images on every node, before any read
-    return topology.read_cluster()
-
-
-def visible_cluster(wait_s: float = 0, poll_s: float = 5, wanted: tuple[str, int] | None = None) -> dict[str, Any]:
-    """What ``PRESET="auto"`` chooses from, in the shape of ``ray.cluster_resources()``.
-
-    On a Ray cluster the run joins (:func:`cluster_address`): the cluster's
-    resources, node by node, each GPU type's memory measured on one of its nodes. With ``RAY_ADDRESS``
-    set (a Ray job, a remote cluster), it waits up to ``wait_s`` for GPU workers (a cluster that scales
-    from zero shows none at first), asking its autoscaler for the ``wanted`` GPUs (type, count) where
-    you named them (:func:`helpers.autoscale.wait_for_gpus`), and marks the result ``"remote": True``;
-    a cluster ``ray start`` left running on this machine is read as it is.
-    Otherwise: this machine's CUDA GPUs (type, count and memory, read from the driver without torch:
-    :mod:`helpers.local_gpus`), which the local Ray will have. Before the run's own Ray start, so the
-    run's CPU budget can follow the choice.
-    """
-    import os
-
-    address = cluster_address()
-    if address:
-        import ray
-
-        if not ray.is_initialized():
-            enable_token_auth_if_available()
-            ray.init(address=address, log_to_driver=False)
-        remote = bool(os.environ.get("RAY_ADDRESS"))
-        resources = topology.read_cluster()
-        if remote and not resources.get("GPU") and wait_s:
-            resources = autoscale.wait_for_gpus(resources, wanted, timeout_s=wait_s, poll_s=poll_s)
-        return {**topology.with_measured_memory(resources), "remote": remote}
-    cluster: dict[str, Any] = {"CPU": float(os.cpu_count() or 1)}
-    gpus = local_gpus.read()  # CUDA's own numbers, without torch (see helpers.local_gpus)
-    if gpus.count and gpus.name:
-        label = gpu_label(gpus.name)
-        cluster.update({"GPU": float(gpus.count), f"accelerator_type:{label}": 1.0, "gpu_memory_gib": gpus.memory_gib,
-                        topology.NODES: [{"gpu_type": label, "gpus": gpus.count, "memory_gib": gpus.memory_gib}]})
-    return cluster
-
-
-class UnschedulableError(RuntimeError):
-    """The run asks for resources the Ray cluster does not have: it would wait forever."""
-
-
-def schedulability_problems(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
-                            gpus_per_replica: float = 1) -> list[str]:
-    """What ``cluster`` lacks for the engine replicas and the actors' CPUs, in words ([]: nothing)."""
-    problems = []
-    cpus = cluster.get("CPU", 0.0)
-    if budget.reserved + budget.task_cpus > cpus:
-        problems.append(f"the actors reserve {budget.reserved:g} CPUs and tasks need {budget.task_cpus:g} more, "
-                        f"but the cluster has {cpus:g} CPUs")
-    else:  # node by node: every actor placed, and a light task's room left on some node
-        actors = [budget.engine_cpus] * budget.engine_replicas + [budget.stage_cpus] * budget.stage_actors
-        problems += topology.cpu_problems(cluster, actors, budget.stage_cpus or budget.task_cpus)
-    if accelerator_type:
-        needed = math.ceil(gpus_per_replica * budget.engine_replicas - 1e-9)
-        have = cluster.get("GPU", 0.0)
-        if have < needed:
-            problems.append(f"{budget.engine_replicas} engine replicas x {gpus_per_replica:g} GPU need {needed} GPUs, "
-                            f"but the cluster has {have:g}")
-        else:
-            problems += topology.gpu_problems(cluster, accelerator_type, gpus_per_replica, budget.engine_replicas)
-    return problems
-
-
-def check_schedulable(cluster: dict[str, float], budget: CpuBudget, accelerator_type: str | None,
-                      gpus_per_replica: float = 1, why: str = "") -> None:
-    """Fail fast, with numbers, when the engine replicas cannot all be placed on ``cluster``.
-
-    Ray does not fail when a request can never be met: the tasks and actors wait. This turns the
-    known cases into an error before anything starts: GPUs (of the requested type) missing, and
-    actor CPU reservations that leave no room for the pipeline's short tasks. ``why``: what
-    :func:`helpers.autoscale.wait_for` found, said after the numbers.
-    """
-    problems = schedulability_problems(cluster, budget, accelerator_type, gpus_per_replica)
-    if problems:
-        raise UnschedulableError("This run cannot be scheduled and would wait forever: " + "; ".join(problems)
-                                 + (f". {why.rstrip('.')}" if why else "") + ". Set ACCELERATOR_TYPE=None to run on CPUs, "
-                                 "lower CONCURRENCY, or use a bigger cluster.")
-
-
-#: The DataContext entry that records which Ray session a dataset was read in (:meth:`Session.check_ready`).
-OWNER_KEY = "llm_batch_kit.owner"
-
-
-class NotReadyError(Explained, RuntimeError):
-    """The run cell cannot start in this kernel's state; the message says which cell to run from."""
-
-
-@dataclass(frozen=True)
-class Session:
-    """What :func:`start_ray` set up: the cluster's resources, the CPU budget, the engine's
-    environment (for the processor's ``runtime_env``) and whether progress is shown."""
-
-    cluster: dict[str, float]
-    budget: engine.CpuBudget
-    engine_env: dict[str, str]
-    threads_bind: str | None
-    progress: bool
-    #: The processor-config fields that place the engine (:func:`helpers.engine.engine_placement`).
-    placement: dict[str, Any] = field(default_factory=dict)
-    stage_cpus: float = 0.1  # Ray CPUs each light stage holds (read, prompts, write)
-    startup_timeout_s: float | None = 600  # the first results must be written within this (None: no limit)
-    address: str | None = None  # the cluster joined (RAY_ADDRESS, or one running here); None: a local Ray
-    batch_size: int = 0  # rows per engine batch: the rows of each block that enters the engine (0: as read)
-    #: A token of this start, recorded in the datasets read after it (:data:`OWNER_KEY`).
-    owner: str = ""
-    #: This driver's connection to Ray: its node and job (a Ray started again, or joined again, has
-    #: another pair; the driver's worker id stays the same).
-    connection: str = ""
-
-    def check_ready(self, ds) -> None:
-        """Raise :class:`NotReadyError`, saying which cell to run from, unless Ray is the one this session
-        started and ``ds`` was built in it. Called before anything touches the output folder: in
-        Jupyter, re-running the run cell after the summary cell (which shuts Ray down) failed only
-        after the earlier results were gone, and a dataset of the previous Ray session fails with
-        Ray's "owner is unknown"."""
-        import ray
-
-        if not ray.is_initialized():
-            raise NotReadyError("Ray is not running: the Summary cell shuts it down to free the engine's memory. "
-                                "Run the notebook again from the 'Start Ray' cell down. Nothing in OUTPUT_DIR was touched.")
-        if _connection() != self.connection:
-            raise NotReadyError("Ray was started again after the 'Start Ray' cell ran. Run the notebook again from the "
-                                "'Start Ray' cell down. Nothing in OUTPUT_DIR was touched.")
-        built_in = ds.context.get_config(OWNER_KEY)
-        if built_in != self.owner:
-            raise NotReadyError("`ds` was read before Ray was last started, and Ray has forgotten its blocks. Run the "
-                                "notebook again from the 'Read the data' cell down. Nothing in OUTPUT_DIR was touched.")
-
-    def prepare_output(self, output_dir: str, ds, *, resume: bool, start_over: bool, settings: Mapping[str, Any],
-                       request: Any = None) -> RunOutputs:
-        """:meth:`check_ready`, then :func:`helpers.output_dir.prepare_output_dir`: the output folder is
-        touched only once the run can start, and every node sees it before anything in it moves.
-        ``request``: what your ``preprocess`` sends for an example row, recorded with the ``settings``
-        (:func:`helpers.outputs.describe_request`), so a resume with another prompt or sampling is refused."""
-        self.check_ready(ds)
-        if request is not None:
-            settings = {**settings, "request": describe_request(request)}
-        return prepare_output_dir(output_dir, resume=resume, settings=settings, start_over=start_over, check_nodes=True)
-
-    def describe(self) -> str:
-        where = f"joined the Ray cluster at {self.address}" if self.address else "started a local Ray"
-        return (f"{where}: {self.cluster.get('CPU', 0):g} CPUs and {self.cluster.get('GPU', 0):g} GPUs; this run "
-                f"reserves {self.budget.reserved:g} CPUs for actors; engine cores: {self.threads_bind or 'chosen by vLLM'}; "
-                f"progress: {'one line below the run cell, updated in place' if self.progress else 'a line in the log every minute'}"
-                f"{dashboard()}")
-
-
-def start_ray(run_config: Any, *, stage_cpus: float, stage_actors_per_replica: int, kv_cache_gib: float | None,
-              startup_timeout_s: int = 600, verbose: bool = False) -> Session:
-    """Start (or connect to) Ray for one run and fail fast if the run can never be scheduled.
-
-    On a cluster that lacks the GPUs or CPUs the run needs, its autoscaler is asked for them and the
-    start waits up to ``startup_timeout_s``, saying what it waits for and then what came
-    (:func:`helpers.autoscale.wait_for`); without an autoscaler, or where it reports them infeasible,
-    the run is refused at once.
-
-    The engine holds one CPU per replica and each light actor stage ``stage_cpus`` per replica; a
-    local Ray gets enough logical CPUs that short tasks never wait forever behind them
-    (:class:`helpers.engine.CpuBudget`). A single local CPU engine computes on every core
-    (:func:`helpers.engine.cpu_threads_bind`). Progress reports are on when a person steps through
-    the notebook (:func:`interactive`) or with ``verbose``, off in papermill runs and jobs.
-    """
-    replicas = engine.max_replicas(run_config.concurrency)
-    budget = engine.CpuBudget(engine_cpus=1, engine_replicas=replicas, stage_cpus=stage_cpus,
-                              stage_actors=stage_actors_per_replica * replicas)
-    threads = engine.cpu_threads_bind(run_config.accelerator_type, replicas, joined=cluster_address() is not None)
-    env = engine.engine_env(kv_cache_gib, threads_bind=threads)
-    progress = interactive()  # the kit's one line that updates in place; Ray's own reports only with verbose
-    address = cluster_address()
-    cluster = _init_ray(budget, env, verbose=verbose, progress=verbose)
-    # Ray's label for the type (an A100-80G preset schedules on nodes Ray labelled A100)
-    accelerator = ray_label(run_config.accelerator_type) if run_config.accelerator_type else None
-    gpus = run_config.gpus_per_replica
-    why = ""
-    if address is not None and schedulability_problems(cluster, budget, accelerator, gpus):  # a cluster may grow
-        cluster, why = autoscale.wait_for(cluster, autoscale.bundles(budget, accelerator, gpus or 1),
-                                          lambda c: schedulability_problems(c, budget, accelerator, gpus),
-                                          timeout_s=startup_timeout_s)
-    check_schedulable(cluster, budget, accelerator, gpus, why=why)
-    import uuid
-
-    import ray
-
-    owner = uuid.uuid4().hex
-    ray.data.DataContext.get_current().set_config(OWNER_KEY, owner)  # datasets read from now on carry it
-    return Session(cluster=cluster, budget=budget, engine_env=env, threads_bind=threads, progress=progress,
-                   placement=engine.engine_placement(accelerator,
-                                                     gpus_per_replica=run_config.gpus_per_replica or 1.0),
-                   stage_cpus=stage_cpus, startup_timeout_s=startup_timeout_s, address=address,
-                   batch_size=run_config.batch_size, owner=owner, connection=_connection())
-
-
-def _connection() -> str:
-    """This driver's connection to Ray: the node and the job it runs as."""
-    import ray
-
-    context = ray.get_runtime_context()
-    return f"{context.get_node_id()}:{context.get_job_id()}"
+    if joined:
+        _token_auth()
+        runtime_env: dict[str, Any] = {"env_vars": env}
+        if _recorded and "worker_process_setup_hook" not in job_env():
+            runtime_env = {"env_vars": {**env, PREPARE_ENV: json.dumps(_recorded)}, "worker_process_setup_hook": HOOK}
+        ray.init(address=address, log_to_driver=verbose, runtime_env=runtime_env)
+    else:  # a local Ray's workers inherit this process's environment
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(needs.reserved + needs.task_cpus)),
+                 log_to_driver=verbose)
+    cluster, why = read_cluster(), ""
+    if joined and problems(cluster, needs):
+        cluster, why = wait_for(cluster, needs.bundles(), lambda c: problems(c, needs), timeout_s=plan.startup_timeout_s)
+    found = problems(cluster, needs)
+    if found:
+        raise UnschedulableError("This run cannot be scheduled and would wait forever: " + "; ".join(found)
+                                 + (f". {why}" if why else "") + ". Set ACCELERATOR_TYPE to None (ENGINE) to run on "
+                                 "CPUs, lower the concurrency, or use a bigger cluster.")
+    prepare_every_node()
+    print(f"{'joined the Ray cluster at ' + address if joined else 'started a local Ray'}: {cluster.get('CPU', 0):g} CPUs "
+          f"and {cluster.get('GPU', 0):g} GPUs; the run's actors hold {needs.reserved:g} CPUs")
+    return env

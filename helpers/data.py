@@ -1,51 +1,146 @@
-"""Input data for the notebooks: the bundled sample, column checks, row ids and row-level rejects."""
+"""The text notebook's input: a CSV (file, folder, URL, bucket or ``hf://``) checked before anything
+starts (there, its columns, one encoding for every file, its rows counted or estimated), then each
+row's id and why it cannot be sent to the model, the first rows in file order, and the ids checked."""
 
 from __future__ import annotations
 
+import codecs
 import hashlib
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+import io
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-#: Column both pipelines add: the stable id of each input row.
-ROW_ID = "row_id"
-#: Column both pipelines add: why a row was not sent to the model ("" when it was).
-REJECT_REASON = "reject_reason"
-#: The column Ray's parquet reader adds with ``include_row_hash``: a hash of the file's path and the
-#: row's position, a uint64 (what resuming keys on where a parquet input has no id column).
-ROW_HASH = "row_hash"
-#: Types the results give carried columns, whatever a stage made of them: Ray's checkpoints compare
-#: the written ids with the source's, so they must be of the source's type (see stages.finish).
-CARRIED_TYPES = {ROW_HASH: "uint64"}
+from helpers import storage
+from helpers.parameters import Explained, ParameterError, raise_if, text
+
+ROW_ID = "row_id"  # every result row's id: ID_COLUMN's value, or a hash of the row's content
+REJECT_REASON = "reject_reason"  # why a row is not sent to the model ("" when it is)
+#: What a CSV that is not UTF-8 is read as: Windows' Western encoding, else Latin-1 (any byte).
+FALLBACK_ENCODINGS = ("cp1252", "latin-1")
+HEAD_BYTES = 1 << 20
 
 
-def sample_customers_path() -> Path:
-    """Path of the bundled sample: ~300 real organisations with their true industry."""
+def sample_path() -> Path:
+    """The bundled sample: ~300 real organisations with their industry (and 3 broken rows)."""
     return Path(str(resources.files("helpers") / "sample_data" / "customers.csv"))
 
 
-def sample_size() -> int:
-    """Rows in the bundled sample (whatever it holds now: a copied project may replace it)."""
-    return len(pd.read_csv(sample_customers_path()))
+@dataclass(frozen=True)
+class CsvInput:
+    """What the notebook reads: ``path`` and ``fs`` as Ray takes them, the encoding, the columns and
+    the rows (None: not known), with how they were counted."""
+
+    path: str
+    fs: Any
+    encoding: str
+    columns: list[str]
+    rows: int | None
+    rows_basis: str
+    text_columns: tuple[str | None, ...] = ()  # TEXT_COLUMN, ID_COLUMN, LABEL_COLUMN
+
+    @property
+    def shown(self) -> str:
+        return storage.redact(self.path)
+
+    @property
+    def read_options(self):
+        import pyarrow.csv as pacsv
+
+        return pacsv.ReadOptions(encoding=self.encoding)
+
+    @property
+    def convert_options(self):
+        """Texts, ids and labels read as text: an id of digits, or ``1-800-Flowers`` after a run of
+        numbers, would be typed as a number by the first block and fail the read at a later one."""
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
+        return pacsv.ConvertOptions(column_types={n: pa.string() for n in self.text_columns if n})
 
 
-def resolve_input_path(path: str | None) -> str:
-    """Return what ``ray.data.read_*`` should read.
+def detect_encoding(head: bytes) -> str:
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        return "utf8"
+    except UnicodeDecodeError:
+        pass
+    return next((e for e in FALLBACK_ENCODINGS if _decodes(head, e)), FALLBACK_ENCODINGS[-1])
 
-    ``None`` means the bundled sample; URLs and cloud URIs pass through (see :mod:`helpers.storage`);
-    local paths (and ``file://`` URIs) become absolute (Ray workers do not share the notebook's
-    working directory) and must exist. A relative path is relative to the working directory: where
-    you ran the command (``scripts/run_notebooks.py`` runs notebooks there), or the notebook's
-    folder in Jupyter.
-    """
-    from helpers import storage
 
+def _decodes(data: bytes, encoding: str) -> bool:
+    try:
+        data.decode(encoding)
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def encoding_problems(files: list[str], fs, encoding: str) -> list[str]:
+    """Every file decoded whole with the first one's encoding (Ray reads all with one): where one does
+    not decode, the file and the byte; a UTF-8 file beyond ASCII among cp1252 ones, which it would misread."""
+    found = []
+    for name in files:
+        if storage.is_compressed(name):
+            continue
+        strict, utf8 = codecs.getincrementaldecoder(encoding)(), codecs.getincrementaldecoder("utf-8")()
+        offset, is_utf8, beyond_ascii = 0, True, False
+        try:
+            for chunk in storage.read_chunks(name, fs):
+                try:
+                    strict.decode(chunk)
+                except UnicodeDecodeError as exc:
+                    found.append(f"{storage.redact(name)} is not {encoding} at byte {offset + exc.start:,} "
+                                 f"({chunk[exc.start:exc.end].hex(' ')}; it reads as "
+                                 f"{detect_encoding(chunk[exc.start:exc.start + 4096])} there): every file of one run "
+                                 f"must have one encoding; convert this one to {encoding}, or run it on its own")
+                    break
+                if is_utf8 and encoding != "utf8":
+                    beyond_ascii = beyond_ascii or not chunk.isascii()
+                    try:
+                        utf8.decode(chunk)
+                    except UnicodeDecodeError:
+                        is_utf8 = False
+                offset += len(chunk)
+        except OSError as exc:
+            found.append(f"{storage.redact(name)} cannot be read: {exc}")
+            continue
+        if encoding != "utf8" and is_utf8 and beyond_ascii:
+            found.append(f"{storage.redact(name)} is UTF-8, but the first file is {encoding} (as every file would be "
+                         f"read): convert it to {encoding}, or run it on its own")
+    return found
+
+
+def count_rows(files: list[str], fs, encoding: str) -> tuple[int | None, str]:
+    """The CSV's rows: counted in a file of at most a MiB, else the first MiB's scaled by the files' sizes."""
+    import pyarrow.csv as pacsv
+
+    if storage.is_web(files[0]) or any(storage.is_compressed(f) for f in files):
+        return None, "a URL or compressed files do not say how many rows they hold"
+    try:
+        filesystem, _ = storage.resolve(files[0], fs)
+        sizes = [i.size or 0 for i in filesystem.get_file_info([storage.resolve(f, fs)[1] for f in files])]
+        head = storage.read_head(files[0], HEAD_BYTES, fs)
+        whole = len(head) >= sizes[0]
+        used = head if whole else head[:head.rfind(b"\n") + 1]
+        rows = pacsv.read_csv(io.BytesIO(used), read_options=pacsv.ReadOptions(encoding=encoding)).num_rows if used.strip() else 0
+    except Exception as exc:  # a size is a nicety, never a reason to stop
+        return None, f"could not be sized ({type(exc).__name__})"
+    if whole and len(files) == 1:
+        return rows, f"counted: {rows} rows"
+    if not rows:
+        return None, "no whole row in the first MiB"
+    return round(sum(sizes) * rows / len(used)), f"estimated from the first {len(used):,} bytes of {len(files)} files"
+
+
+def resolve(path: str | None) -> str:
+    """The bundled sample for None; a URL or bucket as it is; a local path absolute (Ray's workers do
+    not share the notebook's folder), and there."""
     if path is None:
-        return str(sample_customers_path())
+        return str(sample_path())
     if storage.is_remote(path):
         return path
     local = Path(path.removeprefix("file://")).expanduser().resolve()
@@ -54,166 +149,106 @@ def resolve_input_path(path: str | None) -> str:
     return str(local)
 
 
-class EmptyInputError(ValueError):
-    """The input holds no rows at all (a CSV with a header only, an empty folder of parquet)."""
+def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_column: Any) -> CsvInput:
+    """``INPUT_PATH`` checked with ``TEXT_COLUMN``, ``ID_COLUMN`` and ``LABEL_COLUMN``: there, readable,
+    holding those columns and rows, every file of one encoding; raise listing every problem."""
+    found = text("INPUT_PATH", input_path, optional=True) + text("TEXT_COLUMN", text_column)
+    found += text("ID_COLUMN", id_column, optional=True) + text("LABEL_COLUMN", label_column, optional=True)
+    raise_if(found)
+    try:
+        path = resolve(input_path)
+        fs = storage.filesystem(path)
+        files = storage.list_files(path, fs)
+        if not files:
+            raise FileNotFoundError(f"INPUT_PATH={storage.redact(path)!r} holds no files")
+        head = b"" if storage.is_compressed(files[0]) else storage.read_head(files[0], HEAD_BYTES, fs)
+    except (OSError, ValueError) as exc:
+        raise ParameterError(f"Invalid parameters:\n  - {exc}") from None
+    encoding = detect_encoding(head)
+    columns: list[str] = []
+    if head:
+        import pyarrow.csv as pacsv
 
-
-def require_columns(available: Sequence[str] | None, required: Iterable[str | None], what: str = "input",
-                    path: str | None = None) -> None:
-    """Fail fast, naming the columns that do exist, when a required column is missing.
-
-    ``available`` is ``None`` when the input has no rows (Ray's ``Dataset.columns()`` of a CSV with
-    only a header): that is an :class:`EmptyInputError`, naming ``path``."""
-    if available is None:
-        where = f" at {path!r}" if path else ""
-        raise EmptyInputError(f"The {what}{where} holds no rows (a CSV with only a header, or empty files): "
-                              "nothing to run on. Point INPUT_PATH at data with rows.")
-    missing = [c for c in required if c is not None and c not in available]
-    if missing:
-        raise ValueError(
-            f"The {what} has no column {', '.join(repr(m) for m in missing)}. "
-            f"Columns it has: {', '.join(repr(a) for a in available)}."
-        )
-
-
-def string_columns(*names: str | None):
-    """CSV convert options that read ``names`` as text (``read_csv(convert_options=...)``).
-
-    pyarrow infers a CSV column's type from the first block it reads: an id column of digits, or a
-    company called ``1-800-Flowers`` after a run of numbers, reads as a number there and fails the
-    whole run when a later block holds text. Ids, texts and labels are text: read them as such.
-    Names the file does not have are ignored."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    return pacsv.ConvertOptions(column_types={n: pa.string() for n in names if n})
-
-
-class IdColumnError(ValueError):
-    """``ID_COLUMN`` has empty or repeated values: rows could not be told apart (or resumed) by it."""
-
-
-@dataclass(frozen=True)
-class IdReport:
-    """What :func:`check_ids` found in an id column."""
-
-    rows: int
-    empty: int  # rows whose id is null, "" or only whitespace
-    repeated_values: int  # distinct ids that more than one row has
-    examples: tuple[tuple[str, int], ...]  # up to 5 of them, with how many rows have each
-    sample: list = field(default_factory=list, repr=False)  # the first rows, whole, when asked for
-
-    def problem(self, column: str) -> str:
-        """What is wrong with ``column``, and what to do ("" when nothing is)."""
-        found = []
-        if self.empty:
-            found.append(f"{self.empty} of {self.rows} rows have no {column!r} value")
-        if self.repeated_values:
-            shown = ", ".join(f"{v!r} ({n} rows)" for v, n in self.examples)
-            more = "" if self.repeated_values <= len(self.examples) else f" and {self.repeated_values - len(self.examples)} more"
-            values = "value is" if self.repeated_values == 1 else "values are"
-            found.append(f"{self.repeated_values} {column!r} {values} shared by several rows: {shown}{more}")
-        if not found:
-            return ""
-        return (f"ID_COLUMN={column!r} must give every row an id of its own, but {'; '.join(found)}. Results are "
-                f"matched to your rows, and an interrupted run is resumed, by this id: a shared or missing one would "
-                f"merge rows or skip them. Give those rows unique ids, or set ID_COLUMN=None to derive each row's id "
-                f"from its content (resuming is then off).")
-
-
-def _id_text(values: pd.Series) -> tuple[pd.Series, pd.Series]:
-    """The ids as text and which of them are empty (null, "" or only whitespace)."""
-    text = values.astype("string")
-    return text, text.isna() | text.str.strip().eq("")
-
-
-def first_rows(ds, limit: int | None):
-    """``ds`` cut to its first ``limit`` rows *in the input's order* (files in sorted path order, rows
-    in file order); ``ds`` itself for ``limit`` None.
-
-    Ray's ``limit`` keeps the first rows to *arrive*, and a read's blocks arrive in any order: two
-    runs with ``LIMIT=10_000`` could run different rows, and the ids the kit checked could differ
-    from the rows it ran. So ``ds`` (and every dataset made from it) keeps the input's order
-    (``preserve_order`` on the dataset's own context): the same rows every time, and a resumed run
-    completes exactly the rows the first attempt began (:func:`helpers.pipeline.run`)."""
-    if not limit:
-        return ds
-    ds.context.execution_options.preserve_order = True
-    return ds.limit(limit)
-
-
-def check_and_sample(ds, id_column: str | None, sample: int = 200) -> list[dict[str, Any]]:
-    """The first ``sample`` rows of ``ds`` (for the prompt checks), and, with an ``id_column``, its
-    ids checked in the same pass (:func:`check_ids`): the input is read once for both."""
-    if not id_column:
-        return ds.limit(sample).take_all()
-    return check_ids(ds, id_column, sample=sample).sample
-
-
-def check_ids(ds, column: str, *, examples: int = 5, batch_size: int = 65_536, sample: int = 0) -> IdReport:
-    """Read ``column`` of ``ds`` once and count empty and repeated ids; raise :class:`IdColumnError`
-    with the values and the fix if there are any. With ``sample``, the same pass also keeps the
-    first ``sample`` rows whole (:attr:`IdReport.sample`).
-
-    One streaming pass: only the id column comes to this process (every column with ``sample``), a
-    batch at a time, and each id is kept as an 8-byte hash (``pandas.util.hash_array``; 8 MB per
-    million rows). Only when some hash repeats does a second pass collect the ids behind it, to
-    name them. (A Ray Data groupby took 25-40 s on a 2-core machine for a few rows: its shuffle
-    tasks, not the data.)"""
-    import numpy as np
-
-    ids = ds.select_columns([column])
-    hashes, rows, empty, kept = [], 0, 0, []
-    for batch in (ds if sample else ids).iter_batches(batch_format="pandas", batch_size=batch_size):
-        if len(kept) < sample:
-            kept += batch.head(sample - len(kept)).to_dict("records")
-        text, blank = _id_text(batch[column])
-        rows, empty = rows + len(text), empty + int(blank.sum())
-        hashes.append(pd.util.hash_array(text[~blank].to_numpy(dtype=object)))
-    found = np.concatenate(hashes) if hashes else np.array([], dtype=np.uint64)
-    values, counts = np.unique(found, return_counts=True)
-    repeated = set(values[counts > 1].tolist())
-    shown: tuple[tuple[str, int], ...] = ()
-    if repeated:
-        named: dict[str, int] = {}
-        for batch in ids.iter_batches(batch_format="pandas", batch_size=batch_size):
-            text, blank = _id_text(batch[column])
-            text = text[~blank]
-            for value in text[np.isin(pd.util.hash_array(text.to_numpy(dtype=object)), list(repeated))]:
-                named[value] = named.get(value, 0) + 1
-        shown = tuple(sorted(named.items(), key=lambda item: (-item[1], item[0]))[:examples])
-    report = IdReport(rows=rows, empty=empty, repeated_values=len(repeated), examples=shown, sample=kept)
-    if report.problem(column):
-        raise IdColumnError(report.problem(column))
-    return report
-
-
-def _content_id(row: pd.Series) -> str:
-    text = "\x1f".join("" if pd.isna(v) else str(v) for v in row.tolist())
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+        columns = pacsv.read_csv(io.BytesIO(head.split(b"\n", 1)[0] + b"\n"),
+                                 read_options=pacsv.ReadOptions(encoding=encoding)).column_names
+        wanted = {"TEXT_COLUMN": text_column, "ID_COLUMN": id_column, "LABEL_COLUMN": label_column}
+        found += [f"{name}={column!r} is not a column of {storage.redact(files[0])}; its columns: "
+                  f"{', '.join(map(repr, columns))}" for name, column in wanted.items() if column and column not in columns]
+        found += encoding_problems(files, fs, encoding)
+    rows, basis = count_rows(files, fs, encoding)
+    if rows == 0:
+        found.append(f"INPUT_PATH={storage.redact(path)!r} holds no rows (a header only?): nothing to run on")
+    raise_if(found)
+    return CsvInput(path, fs, encoding, columns, rows, basis, (text_column, id_column, label_column))
 
 
 def reject_reason(value: object) -> str:
-    """Why a text value cannot be sent to the model, or "" when it can."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "missing value"
-    if not isinstance(value, str):
-        return ""  # numbers and the like are stringified by the prompt builder
-    if not value.strip():
+    if isinstance(value, str) and not value.strip():
         return "empty value" if value == "" else "blank value (only whitespace)"
     return ""
 
 
-def add_row_ids_and_rejects(batch: pd.DataFrame, text_column: str, id_column: str | None) -> pd.DataFrame:
-    """Add ``row_id`` (from ``id_column``, or a hash of the row's content) and ``reject_reason``.
-
-    Used with ``Dataset.map_batches(batch_format="pandas")``. A content hash is stable across
-    runs, so checkpointing and joins work on any CSV; exact duplicate rows share an id.
-    """
+def add_row_ids(batch: pd.DataFrame, text_column: str, id_column: str | None) -> pd.DataFrame:
+    """``row_id`` (``id_column``'s value, or a hash of the row's content: identical rows share one) and
+    ``reject_reason`` for each row; for ``map_batches(batch_format="pandas")``."""
     out = batch.copy()
     if id_column is None:
-        out[ROW_ID] = batch.apply(_content_id, axis=1)
+        joined = batch.astype(object).where(batch.notna(), "").astype(str).agg("\x1f".join, axis=1)
+        out[ROW_ID] = [hashlib.sha1(t.encode()).hexdigest()[:16] for t in joined]
     else:
         out[ROW_ID] = batch[id_column].astype(str)
     out[REJECT_REASON] = [reject_reason(v) for v in batch[text_column]]
     return out
+
+
+def first_rows(ds, limit: int | None, done: int = 0):
+    """The first ``limit`` rows in the input's order (files by name, rows in file order), the same rows
+    every run (Ray's ``limit`` alone keeps the first to arrive). ``done``: rows an interrupted run
+    finished, which resuming drops right after the read, so the limit counts only the rest."""
+    if not limit:
+        return ds
+    ds.context.execution_options.preserve_order = True
+    return ds.limit(max(limit - done, 0))
+
+
+class IdColumnError(Explained, ValueError):
+    """``ID_COLUMN`` has empty or repeated values."""
+
+
+class EmptyInputError(Explained, ValueError):
+    """The input holds no rows."""
+
+
+def check_ids(ds, column: str | None, sample: int = 200) -> list[dict[str, Any]]:
+    """The first ``sample`` rows, and in the same pass every id in ``column`` (only it comes to this
+    process, as an 8-byte hash per row): raise naming the empty and repeated ones and the fix."""
+    import numpy as np
+
+    kept, hashes, rows, empty = [], [], 0, 0
+    for batch in ds.iter_batches(batch_format="pandas", batch_size=65_536) if column else [ds.take(sample)]:
+        batch = pd.DataFrame(batch)
+        kept += batch.head(sample - len(kept)).to_dict("records") if len(kept) < sample else []
+        if column:
+            ids = batch[column].astype("string")
+            blank = ids.isna() | ids.str.strip().eq("")
+            rows, empty = rows + len(ids), empty + int(blank.sum())
+            hashes.append(pd.util.hash_array(ids[~blank].to_numpy(dtype=object)))
+    if not kept:
+        raise EmptyInputError("The input holds no rows to run on (after LIMIT and the rows already done).")
+    values, counts = np.unique(np.concatenate(hashes), return_counts=True) if hashes else ([], [])
+    repeated = int((np.asarray(counts) > 1).sum())
+    if empty or repeated:
+        named = pd.Series(dtype=int)
+        if repeated:  # a second pass, only now: the values behind the repeated hashes
+            wanted = set(np.asarray(values)[np.asarray(counts) > 1].tolist())
+            ids = pd.concat([b[column].astype("string") for b in ds.select_columns([column]).iter_batches(batch_format="pandas")])
+            named = ids[np.isin(pd.util.hash_array(ids.fillna("").to_numpy(dtype=object)), list(wanted))].value_counts()
+        said = ([f"{empty} of {rows} rows have no {column!r} value"] if empty else []) + (
+            [f"{repeated} values are shared by several rows: " + ", ".join(f"{v!r} ({n} rows)" for v, n in named.head(5).items())]
+            if repeated else [])
+        raise IdColumnError(f"ID_COLUMN={column!r} must give every row an id of its own, but {'; '.join(said)}. Results "
+                            "are matched to your rows, and an interrupted run resumed, by this id. Give those rows unique "
+                            "ids, or set ID_COLUMN=None to derive each row's id from its content (resuming is then off).")
+    return kept

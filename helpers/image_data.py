@@ -1,198 +1,159 @@
-"""Image datasets for the captioning notebook: readers for three layouts, and the per-batch
-preparation step that turns raw bytes into model-ready images or rejects.
+"""The captioning notebook's images: the input checked before anything starts, read in any of three
+layouts, each image prepared or rejected with a reason, and the bundled sample.
 
-Layouts (``INPUT_FORMAT``):
-
-- ``"webdataset"``: ``.tar`` shards of ``<key>.jpg`` (+ other fields) files, BLIP3o's real format.
-- ``"parquet"``: rows whose image column holds ``{"bytes": ...}`` (the Hugging Face datasets layout)
-  or plain bytes.
-- ``"images"``: a folder of image files; every file is read, so a stray file is rejected, not skipped.
-
-Each reader streams: a 5-million-image dataset is never loaded whole.
-"""
+Layouts (``INPUT_FORMAT``): ``webdataset`` (``.tar`` shards of ``<key>.jpg`` and other fields, as
+BLIP3o ships), ``parquet`` (an image column of bytes, or the Hugging Face ``{bytes, path}`` struct)
+and ``images`` (a folder of files: every file is read, so a stray one is rejected, not skipped).
+Every reader streams, locally, from a bucket or from ``hf://``."""
 
 from __future__ import annotations
 
 import functools
+import io
 import posixpath
+import tarfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from helpers import images
-from helpers.data import REJECT_REASON, ROW_HASH, ROW_ID
+from helpers import images, storage
+from helpers.data import REJECT_REASON, ROW_ID, check_ids, first_rows, resolve
+from helpers.parameters import ParameterError, flag, number_in, positive_int, raise_if, text
 
 FORMATS = ("webdataset", "parquet", "images")
-SOURCE = "source"
-IMAGE_BYTES = "image_bytes"
-IMAGE = "image"
-#: Webdataset samples: the shard's path under ``INPUT_PATH`` and the sample's key. Keys repeat across
-#: shards (each shard may start at 000000), and shard names across folders (``train/000000.tar``,
-#: ``val/000000.tar``), so this, not ``__key__``, identifies a sample and keys resuming.
-SAMPLE_ID = "sample_id"
-#: Fields (webdataset extensions) and parquet columns that hold an image, in the order they are tried:
-#: webdataset's own notation for alternatives. Scraped shards mix extensions; the Hugging Face
-#: parquet layout calls its column ``image``. Matched without regard to case (``a.JPG`` is a ``JPG`` field).
-ANY_IMAGE = "jpg;jpeg;png;webp;gif;bmp;tif;tiff;image"
+SOURCE, IMAGE, IMAGE_BYTES = "source", "image", "image_bytes"
+SAMPLE_ID = "sample_id"  # a webdataset sample's shard (its path under INPUT_PATH) and key
+ROW_HASH = "row_hash"  # Ray's hash of a parquet row's file and position
+ID_OF = {"webdataset": "its shard and key", "images": "its file path", "parquet": "its file and its row in that file"}
+#: The columns every result row keeps of its image (never the image itself).
+KEPT = (SOURCE, "width", "height", "vision_tokens")
 
 
-def image_fields(spec: str) -> tuple[str, ...]:
-    """The alternatives in an ``IMAGE_COLUMN`` value: ``"jpg;png"`` -> ``("jpg", "png")``."""
-    return tuple(f.strip() for f in spec.split(";") if f.strip())
+@dataclass(frozen=True)
+class ImageInput:
+    """What the notebook reads: the path, its layout, the field holding the image, the column each
+    image is told apart by (and resumed on), and how many images there are (None: not known)."""
+
+    path: str
+    fs: Any
+    format: str
+    image_column: str
+    id_column: str | None  # ID_COLUMN (parquet only)
+    rows: int | None
+    rows_basis: str
+
+    @property
+    def shown(self) -> str:
+        return storage.redact(self.path)
+
+    @property
+    def source_id(self) -> str:
+        """The column that identifies an image in the source as read: what resuming keys on."""
+        return {"webdataset": SAMPLE_ID, "images": "path", "parquet": self.id_column or ROW_HASH}[self.format]
+
+    @property
+    def kept(self) -> list[str]:
+        return [*KEPT, self.source_id]
 
 
 def detect_format(path: str, fs=None) -> str:
-    """Guess the layout from the file names under ``path`` (listed through the filesystem, so
-    ``s3://`` and other remote folders work): only ``.tar`` -> webdataset, only ``.parquet`` ->
-    parquet, anything else -> images (a folder of image files, or one image)."""
-    from helpers import storage
-
-    names = storage.list_files(path, fs)
-    suffixes = {Path(n.split("?")[0]).suffix.lower() for n in names}
+    suffixes = {Path(n.split("?")[0]).suffix.lower() for n in storage.list_files(path, fs)}
     if suffixes and suffixes <= {".tar"}:
         return "webdataset"
     if suffixes and suffixes <= {".parquet"}:
         return "parquet"
     if suffixes & {".tar", ".parquet"}:
-        raise ValueError(f"{path!r} mixes .tar or .parquet files with others ({sorted(suffixes)}); "
+        raise ValueError(f"{storage.redact(path)!r} mixes .tar or .parquet files with others ({sorted(suffixes)}); "
                          f"set INPUT_FORMAT to one of {FORMATS}, or point INPUT_PATH at one kind")
     return "images"
 
 
-#: What each layout's images are told apart (and resumed) by, when ``ID_COLUMN`` does not apply.
-ID_OF = {"webdataset": "its shard and key", "images": "its file path",
-         "parquet": "its file and its row in that file"}
+def count_images(path: str, layout: str, fs=None) -> tuple[int | None, str]:
+    """Images counted (files, parquet footers) or estimated (the first shard's first 8 MiB)."""
+    try:
+        files = storage.list_files(path, fs)
+        if layout == "images":
+            return len(files), f"counted: {len(files)} files"
+        filesystem, _ = storage.resolve(path, fs)
+        wheres = [storage.resolve(f, fs)[1] for f in files]
+        if layout == "parquet":
+            import pyarrow.dataset as pads
+
+            return pads.dataset(wheres, filesystem=filesystem, format="parquet").count_rows(), "counted: parquet footers"
+        head = storage.read_head(files[0], 8 << 20, fs)
+        keys, end = set(), 0
+        try:
+            with tarfile.open(fileobj=io.BytesIO(head), mode="r|") as tar:
+                for member in tar:
+                    if member.isfile() and member.offset_data + member.size <= len(head):
+                        keys.add(member.name.rsplit(".", 1)[0])
+                        end = member.offset_data + member.size
+        except (tarfile.ReadError, EOFError):  # the read stopped inside a member
+            pass
+        sizes = sum(i.size or 0 for i in filesystem.get_file_info(wheres))
+        if not keys:
+            return None, "no whole sample in the first shard's first 8 MiB"
+        if len(files) == 1 and len(head) >= sizes:
+            return len(keys), f"counted: {len(keys)} samples"
+        return round(sizes * len(keys) / end), f"estimated from the first {end:,} bytes of {len(files)} shards"
+    except Exception as exc:  # a size is a nicety, never a reason to stop
+        return None, f"could not be sized ({type(exc).__name__})"
 
 
-def source_id_column(input_format: str, id_column: str | None) -> str:
-    """The column that identifies a row in the *source* data, as read (what resuming keys on):
-    shard + key in webdatasets, the file path in folders, ``id_column`` in parquet, else Ray's
-    :data:`ROW_HASH` of the row's file and position (the same every run over the same files)."""
-    return {"webdataset": SAMPLE_ID, "images": "path", "parquet": id_column or ROW_HASH}[input_format]
+def image_input(input_path: Any, input_format: Any, image_column: Any, id_column: Any) -> ImageInput:
+    """``INPUT_PATH`` (None: the bundled sample, written on first use) checked with ``INPUT_FORMAT``,
+    ``IMAGE_COLUMN`` and ``ID_COLUMN`` (parquet only, and a column there); raise listing every problem."""
+    found = text("INPUT_PATH", input_path, optional=True) + text("IMAGE_COLUMN", image_column)
+    found += text("ID_COLUMN", id_column, optional=True)
+    if input_format not in ("auto", *FORMATS):
+        found.append(f"INPUT_FORMAT must be auto, webdataset, parquet or images, got {input_format!r}")
+    raise_if(found)
+    try:
+        path = str(prepare_sample_images()) if input_path is None else resolve(input_path)
+        fs = storage.filesystem(path)
+        layout = input_format if input_format != "auto" else detect_format(path, fs)
+        if id_column is not None and layout != "parquet":
+            found.append(f"ID_COLUMN={id_column!r} applies to parquet input only; this input is {layout}, where each "
+                         f"image's id is {ID_OF[layout]}: set ID_COLUMN=None")
+        elif id_column is not None:
+            import pyarrow.parquet as pq
+
+            filesystem, where = storage.resolve(storage.list_files(path, fs)[0], fs)
+            with filesystem.open_input_file(where) as f:
+                columns = pq.ParquetFile(f).schema_arrow.names
+            if id_column not in columns:
+                found.append(f"ID_COLUMN={id_column!r} is not a column of {storage.redact(path)}; its columns: {columns}")
+    except (OSError, ValueError) as exc:
+        raise ParameterError(f"Invalid parameters:\n  - {exc}") from None
+    raise_if(found)
+    return ImageInput(path, fs, layout, image_column, id_column, *count_images(path, layout, fs))
 
 
-def relative_shard(url: str, root: str) -> str:
-    """The shard's path under ``root`` (``INPUT_PATH``), or its file name when ``root`` is the shard."""
-    def bare(path: str) -> str:
-        return (path.split("://", 1)[1] if "://" in path else path).strip("/")
-
-    shard, top = bare(url), bare(root)
-    if shard == top or not top:
-        return shard.rsplit("/", 1)[-1]
-    return shard[len(top) + 1:] if shard.startswith(top + "/") else shard
+def check_prompt(prompt: Any, max_tokens: Any, temperature: Any, image_tokens: Any, keep_aspect: Any, max_pixels: Any) -> None:
+    found = text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2)
+    found += number_in("IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect)
+    found += positive_int("MAX_PIXELS", max_pixels)
+    raise_if(found)
 
 
-def _with_sample_id(sample: dict[str, Any], root: str) -> dict[str, Any]:
-    """Webdataset decoder: keep every field's raw bytes (decoding happens in :func:`prepare_batch`,
-    where failures are caught) and add :data:`SAMPLE_ID` (the shard's path under ``root`` and the key)."""
-    shard = relative_shard(str(sample.get("__url__") or ""), root)
-    return {**sample, SAMPLE_ID: f"{shard}/{sample.get('__key__')}"}
-
-
-def read_images(path: str, input_format: str, *, image_column: str = ANY_IMAGE, id_column: str | None = None,
-                num_cpus: float = 0.1, filesystem=None, check_rows: int = 20, num_blocks: int | None = None,
-                limit: int | None = None):
-    """Read any of the three layouts into rows ``{row_id, source, image_bytes, reject_reason}`` plus
-    the source's own id column (see :func:`source_id_column`), kept under its name so results can
-    be matched to the source and interrupted runs resumed.
-
-    ``image_column`` names the image's field (webdataset) or column (parquet), or alternatives in
-    webdataset's notation (``"jpg;png"``): each row takes the first it has. A row whose image is
-    missing, null or not bytes is kept, with a ``reject_reason``. A layout that is wrong as a whole
-    (none of the first ``check_rows`` rows has ``image_column``) fails here,
-    naming the fields that are there. ``num_blocks`` splits the rows into that many blocks as they
-    are read (Ray's ``override_num_blocks``), so engine replicas get work from the first block
-    without a repartition that waits for the whole dataset. ``limit``: the first ``limit`` images in
-    file order (:func:`helpers.data.first_rows`). With ``id_column`` (parquet), one pass over the ids
-    stops the run on empty or repeated ones (:func:`helpers.data.check_ids`).
-    """
-    import ray
-
-    from helpers.data import check_ids, first_rows
-
-    if input_format not in FORMATS:
-        raise ValueError(f"INPUT_FORMAT must be one of {FORMATS} or 'auto', got {input_format!r}")
-    common = {"num_cpus": num_cpus, "filesystem": filesystem, "override_num_blocks": num_blocks}
-    if input_format == "webdataset":
-        decoder = functools.partial(_with_sample_id, root=path)
-        ds = ray.data.read_webdataset(path, decoder=decoder, include_paths=True, **common)
-        fn, kwargs = webdataset_rows, {"image_column": image_column}
-    elif input_format == "parquet":
-        # Without ID_COLUMN a row is its file and its position there: Ray's row_hash of the two.
-        ds = ray.data.read_parquet(path, include_paths=True, include_row_hash=not id_column, **common)
-        fn, kwargs = _from_parquet, {"image_column": image_column, "id_column": id_column, "root": path,
-                                     "filesystem": filesystem}
-    else:
-        ds = ray.data.read_binary_files(path, include_paths=True, **common)
-        fn, kwargs = _from_files, {}
-    first = ds.take(check_rows)
-    if not first:
-        from helpers.data import EmptyInputError
-        from helpers.storage import redact
-
-        raise EmptyInputError(f"INPUT_PATH={redact(path)!r} holds no {input_format} rows (empty files?): "
-                              "nothing to caption.")
-    if input_format != "images":
-        check_layout(first, image_column, input_format)
-    ds = first_rows(ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus), limit)
-    if id_column:
-        check_ids(ds, id_column)
-    return ds
-
-
-def first_images(ds, count: int, captions: dict[str, str]) -> list[tuple[Any, str, str]]:
-    """``(image, file name, caption)`` for the first ``count`` images of ``ds`` (after
-    :func:`prepare_batch`) that were not rejected, with their caption from ``captions`` (row id ->
-    caption), for a grid of pictures."""
-    rows = [r for r in ds.limit(2 * count).take_all() if not r[REJECT_REASON]][:count]
-    return [(r[IMAGE], r[SOURCE].split(":")[-1], captions.get(r[ROW_ID], "(no caption)")) for r in rows]
-
-
-def check_layout(rows: list[dict[str, Any]], image_column: str, input_format: str) -> None:
-    """Fail fast when none of ``rows`` (the first rows read) has a value in ``image_column`` (or in
-    any of its alternatives)."""
-    if not rows or any(_present(_first_value(r, image_column)[0]) for r in rows):
-        return
-    fields = sorted({k for r in rows for k, v in r.items() if _present(v) and not k.startswith("__")}
-                    - {"path", SAMPLE_ID, ROW_HASH})
-    what = "fields" if input_format == "webdataset" else "columns"
-    raise ValueError(f"none of the first {len(rows)} {input_format} rows has a {image_column!r} value; "
-                     f"{what} they have: {fields}. Set IMAGE_COLUMN to the one that holds the image bytes "
-                     f"(alternatives separated by ';').")
-
-
-def _first_value(row: dict[str, Any], spec: str) -> tuple[Any, str]:
-    """The value of the first field of ``spec`` (see :func:`image_fields`) that ``row`` has, matched
-    without regard to case, and its name; ``(None, "")`` when it has none."""
-    by_case = {}
-    for name in row:
-        by_case.setdefault(str(name).lower(), []).append(name)
-    for field in image_fields(spec):
-        for name in by_case.get(field.lower(), []):
-            value = row[name]
-            if _present(value) and not (isinstance(value, dict) and not _present(value.get("bytes"))
-                                        and not _present(value.get("path"))):
-                return value, name
-    return None, ""
+def _fields(spec: str) -> tuple[str, ...]:
+    """``IMAGE_COLUMN``'s alternatives, webdataset's notation: ``"jpg;png"``."""
+    return tuple(f.strip().lower() for f in spec.split(";") if f.strip())
 
 
 def _present(value: Any) -> bool:
-    """False for None, NaN and pandas' NA (what a null becomes in a batch)."""
     return value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value))
 
 
 def image_value(value: Any, field: str, read_path: Callable[[str], tuple[bytes, str]] | None = None) -> tuple[bytes, str]:
-    """The image bytes in one row's ``field`` and a reason if there are none: ``(bytes, "")`` when
-    usable, ``(b"", reason)`` for a missing value, a null, or a value that is not bytes. Accepts
-    plain bytes and the Hugging Face ``{"bytes": ..., "path": ...}`` struct, both ways it comes:
-    the bytes embedded (as on the Hub), or ``bytes`` null and a ``path`` to the image file (as
-    ``datasets`` writes a local dataset), read with ``read_path``."""
+    """A row's image bytes and "", or b"" and why there are none. Plain bytes, or the Hugging Face struct
+    with its bytes embedded or a ``path`` to read (as ``datasets`` writes a local dataset)."""
     if isinstance(value, dict):
-        path = value.get("path")
-        value = value.get("bytes")
+        value, path = value.get("bytes"), value.get("path")
         if not _present(value) and _present(path) and path and read_path is not None:
             return read_path(str(path))
     if not _present(value):
@@ -204,110 +165,257 @@ def image_value(value: Any, field: str, read_path: Callable[[str], tuple[bytes, 
     return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
 
 
-def image_values(batch: pd.DataFrame, spec: str, readers: Sequence[Callable[[str], tuple[bytes, str]] | None] | None = None,
-                 ) -> list[tuple[bytes, str]]:
-    """:func:`image_value` for every row of ``batch``: its first field of ``spec`` that holds a value
-    (a batch without any of them: all missing); ``readers``, one per row, read a struct's ``path``."""
-    readers = readers if readers is not None else [None] * len(batch)
-    fields = image_fields(spec)
-    if len(fields) == 1 and fields[0] in batch:  # the common case, without a per-row search
-        return [image_value(v, spec, r) for v, r in zip(batch[fields[0]], readers)]
-    wanted = {f.lower() for f in fields}
-    columns = [c for c in batch.columns if str(c).lower() in wanted]
-    rows = batch[columns].to_dict("records") if columns else [{}] * len(batch)
+def image_values(batch: pd.DataFrame, spec: str, readers: list | None = None) -> list[tuple[bytes, str]]:
+    """:func:`image_value` of each row's first field of ``spec`` that holds one (case ignored)."""
+    wanted = _fields(spec)
+    columns = sorted((c for c in batch.columns if str(c).lower() in wanted), key=lambda c: wanted.index(str(c).lower()))
     out = []
-    for row, reader in zip(rows, readers):
-        value, name = _first_value(row, spec)
-        out.append(image_value(value, spec, reader) if name == "" else image_value(value, name, reader))
+    for i, row in enumerate(batch[columns].to_dict("records") if columns else [{}] * len(batch)):
+        name = next((c for c in columns if _present(row[c]) and not (isinstance(row[c], dict) and not _present(row[c].get("bytes"))
+                                                                      and not _present(row[c].get("path")))), None)
+        out.append(image_value(row[name] if name else None, name or spec, readers[i] if readers else None))
     return out
 
 
-def path_reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, str]]:
-    """Reads an image file a parquet row names by ``path``: relative to that parquet file's folder,
-    or absolute, on the parquet file's filesystem; a file that cannot be read is the row's reason."""
+def _rows(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
+    return pd.DataFrame({ROW_ID: ids, SOURCE: sources, IMAGE_BYTES: [b for b, _ in pairs], REJECT_REASON: [r for _, r in pairs]})
 
+
+def relative_shard(url: str, root: str) -> str:
+    """The shard's path under ``root`` (``INPUT_PATH``), or its name when ``root`` is the shard. Keys
+    repeat across shards and shard names across folders, so this and the key identify a sample."""
+    shard, top = (p.split("://", 1)[-1].strip("/") for p in (url, root))
+    if shard == top or not top:
+        return shard.rsplit("/", 1)[-1]
+    return shard[len(top) + 1:] if shard.startswith(top + "/") else shard
+
+
+def _decode(sample: dict[str, Any], root: str) -> dict[str, Any]:
+    """Webdataset decoder: every field's bytes as they are (decoding happens in :func:`prepare_batch`,
+    where a failure is a reason), and the sample's id."""
+    return {**sample, SAMPLE_ID: f"{relative_shard(str(sample.get('__url__') or ''), root)}/{sample.get('__key__')}"}
+
+
+def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
+    ids, keys = batch[SAMPLE_ID].astype(str).tolist(), batch["__key__"].astype(str).tolist()
+    sources = [f"{i[: -len(k) - 1]}:{k}" for i, k in zip(ids, keys)]
+    return _rows(ids, sources, image_values(batch, image_column)).assign(**{SAMPLE_ID: ids})
+
+
+def _reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, str]]:
     def read(image_path: str) -> tuple[bytes, str]:
         where = image_path if image_path.startswith("/") else posixpath.join(posixpath.dirname(parquet_file), image_path)
         try:
             with filesystem.open_input_stream(where) as f:
                 return f.read(), ""
-        except Exception as exc:  # one row's problem: its reason, never the run's
+        except Exception as exc:  # that row's reason, never the run's
             return b"", f"the image file {image_path!r} this row names could not be read ({type(exc).__name__})"
-
     return read
 
 
-def image_rows(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
-    """The rows every reader gives: id, source, the image's bytes and its reject reason ("" if none)."""
-    return pd.DataFrame({ROW_ID: ids, SOURCE: sources, IMAGE_BYTES: [b for b, _ in pairs],
-                         REJECT_REASON: [r for _, r in pairs]})
-
-
-def webdataset_rows(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
-    """:func:`image_rows` of a batch of webdataset samples (a shard's ``__key__`` and the sample id)."""
-    ids = batch[SAMPLE_ID].astype(str).tolist()
-    keys = batch["__key__"].astype(str).tolist()
-    pairs = image_values(batch, image_column)
-    sources = [f"{i[: -len(k) - 1]}:{k}" for i, k in zip(ids, keys)]  # shard path:key
-    return image_rows(ids, sources, pairs).assign(**{SAMPLE_ID: ids})
-
-
-def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None, root: str = "",
-                  filesystem=None) -> pd.DataFrame:
-    from helpers import storage
-
-    fs = storage.resolve(root, filesystem)[0] if root else None
-    pairs = image_values(batch, image_column, [path_reader(str(p), fs) for p in batch["path"]] if fs else None)
-    if id_column:
-        ids = batch[id_column].astype(str).tolist()
-    else:  # Ray's row_hash (the file's path and the row's position in it): one per row, the same every run
-        ids = [f"{int(h):016x}" for h in batch[ROW_HASH]]
-    sources = [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)]
-    out = image_rows(ids, sources, pairs)
-    kept = id_column or ROW_HASH  # the source's id, as read: what resuming keys on
+def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None, root: str, filesystem) -> pd.DataFrame:
+    fs = storage.resolve(root, filesystem)[0]
+    pairs = image_values(batch, image_column, [_reader(str(p), fs) for p in batch["path"]])
+    ids = batch[id_column].astype(str).tolist() if id_column else [f"{int(h):016x}" for h in batch[ROW_HASH]]
+    out = _rows(ids, [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)], pairs)
+    kept = id_column or ROW_HASH
     out[kept] = batch[kept].to_numpy()
     return out
 
 
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     paths = [str(p) for p in batch["path"]]
-    return image_rows(paths, [Path(p).name for p in paths], image_values(batch, "bytes")).assign(path=paths)
+    return _rows(paths, [Path(p).name for p in paths], image_values(batch, "bytes")).assign(path=paths)
+
+
+def read(source: ImageInput, *, num_blocks: int, num_cpus: float, limit: int | None = None, done: int = 0,
+         check_rows: int = 20):
+    """Rows ``{row_id, source, image_bytes, reject_reason, <source id>}`` of ``source``, the first
+    ``limit`` in file order (less ``done``, see :func:`helpers.data.first_rows`); a layout wrong as a whole (none of the first rows has the image field) and
+    empty or repeated ``ID_COLUMN`` values stop here."""
+    import ray
+
+    common = {"num_cpus": num_cpus, "filesystem": source.fs, "override_num_blocks": num_blocks}
+    if source.format == "webdataset":
+        ds = ray.data.read_webdataset(source.path, decoder=functools.partial(_decode, root=source.path), include_paths=True, **common)
+        fn, kwargs = _from_webdataset, {"image_column": source.image_column}
+    elif source.format == "parquet":
+        ds = ray.data.read_parquet(source.path, include_paths=True, include_row_hash=not source.id_column, **common)
+        fn, kwargs = _from_parquet, {"image_column": source.image_column, "id_column": source.id_column,
+                                     "root": source.path, "filesystem": source.fs}
+    else:
+        ds = ray.data.read_binary_files(source.path, include_paths=True, **common)
+        fn, kwargs = _from_files, {}
+    first = ds.take(check_rows)
+    if not first:
+        raise ParameterError(f"INPUT_PATH={source.path!r} holds no {source.format} rows: nothing to caption.")
+    wanted = _fields(source.image_column)
+    if source.format != "images" and not any(_present(v) for r in first for k, v in r.items() if str(k).lower() in wanted):
+        there = sorted({k for r in first for k, v in r.items() if _present(v) and not k.startswith("__")} - {"path", SAMPLE_ID, ROW_HASH})
+        raise ParameterError(f"none of the first {len(first)} {source.format} rows has a {source.image_column!r} value; "
+                             f"they have: {there}. Set IMAGE_COLUMN to the field that holds the image bytes (alternatives "
+                             "separated by ';').")
+    ds = first_rows(ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus), limit, done)
+    if source.id_column:
+        check_ids(ds, source.id_column)
+    return ds
 
 
 def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = True,
                   max_pixels: int = images.DEFAULT_MAX_PIXELS) -> pd.DataFrame:
-    """Validate and resize every image of a batch; a bad one gets a reason instead of an image.
-
-    Rows that arrive with a ``reject_reason`` (the reader found no image bytes) keep it. No
-    exception leaves this function for a single row: Ray fails the whole job on one errored task.
-    Output columns: the input's columns except the raw bytes (dropped here), plus image (uint8
-    H x W x 3, None when rejected), width, height, vision_tokens and reject_reason ("" when usable).
-    """
+    """Each image decoded, checked, oriented, made RGB and resized to at most ``max_tokens`` vision tokens;
+    one that cannot be gets a ``reject_reason`` instead. Nothing raises for one row; the raw bytes go."""
     out: dict[str, list] = {IMAGE: [], "width": [], "height": [], "vision_tokens": [], REJECT_REASON: []}
     earlier = batch[REJECT_REASON] if REJECT_REASON in batch else [""] * len(batch)
     for raw, reason in zip(batch[IMAGE_BYTES], earlier):
         prepared = None
         if not reason:
             try:
-                prepared = images.prepare_image(raw, max_tokens=max_tokens, keep_aspect=keep_aspect,
-                                                max_pixels=max_pixels)
+                prepared = images.prepare_image(raw, max_tokens=max_tokens, keep_aspect=keep_aspect, max_pixels=max_pixels)
             except Exception as exc:  # prepare_image raises only ImageRejected; anything else is one row's too
                 reason = images.reason_for(exc)
-        if prepared is None:
-            out[IMAGE].append(None)
-            out["width"].append(0)
-            out["height"].append(0)
-            out["vision_tokens"].append(0)
-            out[REJECT_REASON].append(reason or "not an image")
-            continue
-        out[IMAGE].append(np.asarray(prepared.image))
-        out["width"].append(prepared.image.width)
-        out["height"].append(prepared.image.height)
-        out["vision_tokens"].append(prepared.vision_tokens)
-        out[REJECT_REASON].append("")
+        out[IMAGE].append(np.asarray(prepared.image) if prepared else None)
+        out["width"].append(prepared.image.width if prepared else 0)
+        out["height"].append(prepared.image.height if prepared else 0)
+        out["vision_tokens"].append(prepared.vision_tokens if prepared else 0)
+        out[REJECT_REASON].append("" if prepared else reason or "not an image")
     return batch.drop(columns=[IMAGE_BYTES, REJECT_REASON], errors="ignore").reset_index(drop=True).assign(**out)
 
 
-# --- the bundled sample set -------------------------------------------------------------------
+def example(image_tokens: int, keep_aspect: bool = True) -> dict[str, Any]:
+    """A prepared row holding the largest image the budget allows (black): the longest request."""
+    width, height = images.fit_size(4000, 3000, image_tokens, keep_aspect=keep_aspect)
+    return {IMAGE: np.zeros((height, width, 3), dtype=np.uint8), "width": width, "height": height,
+            "vision_tokens": images.QWEN2_VL_GRID.tokens(width, height)}
 
 
+def first_images(ds, count: int, captions: dict[str, str]) -> list[tuple[Any, str, str]]:
+    """``(image, file name, caption)`` of the first ``count`` prepared images, for a grid."""
+    rows = [r for r in ds.limit(2 * count).take_all() if not r[REJECT_REASON]][:count]
+    return [(r[IMAGE], r[SOURCE].split(":")[-1], captions.get(r[ROW_ID], "(no caption)")) for r in rows]
+
+
+def readable(caption: str, drawable: Callable[[str], bool]) -> str:
+    """``caption`` as the chart's font can draw it: an untrained model emits characters no font has
+    (boxes that read as an encoding bug); they become a middle dot, and a caption of mostly those a note."""
+    shown = "".join(ch if ch != "\ufffd" and drawable(ch) else "·" for ch in caption)
+    if caption and shown.count("·") > len(caption) / 2:
+        return f"({len(caption)} characters, most without a glyph in the chart's font: see the captions table)"
+    return shown
+
+
+def plot_image_grid(items: list[tuple[Any, str, str]], path=None, columns: int = 4, wrap: int = 32):
+    """A grid of ``(image, title, caption)``: each image with its title in bold and its caption below."""
+    import functools
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
+    drawable = functools.lru_cache(maxsize=None)(lambda ch: ch.isprintable() and font.get_char_index(ord(ch)) != 0)
+    rows = max(1, -(-len(items) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 4.0 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, (image, title, caption) in zip(axes.flat, items):
+        ax.imshow(np.asarray(image))
+        caption = readable(caption, drawable)
+        short = caption if len(caption) <= 4 * wrap else caption[: 4 * wrap - 1] + "…"
+        ax.set_title(title, fontsize=9, fontweight="bold", parse_math=False)  # "$...$" is text, not math
+        ax.text(0.5, -0.04, "\n".join(textwrap.wrap(short, wrap)) or "(empty)", transform=ax.transAxes,
+                ha="center", va="top", fontsize=8, parse_math=False)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+#: scikit-image's public-domain photos, in the sample with awkward variants and broken files.
+SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field", "immunohistochemistry",
+                 "page", "coins", "horse", "retina", "moon")
+
+
+def _jpeg(array: np.ndarray, **kwargs: Any) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, "JPEG", quality=90, **kwargs)
+    return buffer.getvalue()
+
+
+def _saved(image, fmt: str, **kwargs: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def sample_files() -> dict[str, bytes]:
+    """The sample as ``{key: bytes}``: real photos, awkward but valid variants, and broken files."""
+    import struct
+    import zlib
+    from importlib import resources
+
+    from PIL import Image
+    from skimage import data as sk
+
+    def as_uint8(a: np.ndarray) -> np.ndarray:
+        a = a.astype(np.uint8) * 255 if a.dtype == bool else a
+        a = (255 * (a - a.min()) / max(1e-9, float(a.max() - a.min()))).astype(np.uint8) if a.dtype != np.uint8 else a
+        return a[:, :, :3] if a.ndim == 3 else a
+
+    files = {name: _jpeg(as_uint8(getattr(sk, name)())) for name in SAMPLE_PHOTOS}
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored sideways: "rotate 90 degrees clockwise to display"
+    files["chelsea_exif_rotated"] = _jpeg(np.rot90(sk.chelsea(), k=1).copy(), exif=exif.tobytes())
+    files["coffee_cmyk"] = _saved(Image.fromarray(sk.coffee()).convert("CMYK"), "JPEG")
+    rgba = np.dstack([sk.rocket(), np.full(sk.rocket().shape[:2], 128, np.uint8)])
+    files["rocket_transparent_png"] = _saved(Image.fromarray(rgba, "RGBA"), "PNG")
+    files["camera_16bit_png"] = _saved(Image.fromarray(sk.camera().astype(np.uint16) * 257), "PNG")
+    files["animated_gif"] = (resources.files("skimage") / "data" / "no_time_for_that_tiny.gif").read_bytes()
+    horse_exif = Image.Exif()
+    horse_exif[0x0112] = 1
+    horse = _jpeg(np.asarray(Image.fromarray(as_uint8(sk.horse())).convert("RGB")), exif=horse_exif.tobytes())
+    at = horse.find(b"Exif\x00\x00") + 14  # garbage in the EXIF block of a good JPEG (found by fuzzing)
+    files["horse_corrupt_exif"] = horse[:at] + b"\xff\x00\x13\x37" * 4 + horse[at + 16:]
+    files["broken_truncated"] = files["astronaut"][: len(files["astronaut"]) // 3]
+    files["broken_empty"] = b""
+    files["broken_not_an_image"] = b"<html><body>404 Not Found</body></html>"
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    files["broken_bomb"] = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
+                            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))  # 10^10 pixels claimed
+    files["broken_truncated_png"] = files["rocket_transparent_png"][: len(files["rocket_transparent_png"]) // 2]
+    webp = _saved(Image.fromarray(sk.coffee()), "WEBP", quality=80)
+    files["broken_truncated_webp"] = webp[: len(webp) // 2]
+    return files
+
+
+def write_webdataset(files: dict[str, bytes], path: Path, caption: str | None = None) -> Path:
+    """``files`` as one webdataset shard: ``<key>.jpg`` (and ``<key>.txt`` with ``caption``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for key, payload in files.items():
+            for name, content in {f"{key}.jpg": payload, **({f"{key}.txt": caption.encode()} if caption is not None else {})}.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(content), 0
+                tar.addfile(info, io.BytesIO(content))
+    return path
+
+
+def prepare_sample_images(cache: Path | None = None) -> Path:
+    """The bundled sample as one shard in BLIP3o's webdataset layout, built once in the kit's cache."""
+    from helpers.cluster import record
+    from helpers.models import build_once, cache_root
+
+    def build(out: Path) -> dict:
+        files = sample_files()
+        write_webdataset(files, out / "sample-000000.tar")
+        return {"images": len(files), "broken": sorted(k for k in files if k.startswith("broken_"))}
+
+    shard = build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"
+    record(prepare_sample_images, cache or cache_root(), "the bundled sample images")
+    return shard

@@ -1,267 +1,313 @@
-"""The run both notebooks share: your functions guarded so any one row's failure is a recorded
-reason, every row written in one pass, and the result tables that account for every row.
+"""Around Ray Data LLM's processor: your ``preprocess`` and ``postprocess`` checked on an example and
+guarded so that one row's failure is that row's recorded reason, never the run's; then the write:
+every row, answered or not, written once as it comes (resumably, with Ray Data's checkpoints), the
+tables that account for every row, and how fast it went.
 
-One pass: rows rejected before the model travel through the processor with it. Ray Data LLM lets a
-row that carries an error (its ``__inference_error__`` column, what ``should_continue_on_error``
-uses) bypass every stage and the user's ``postprocess``; :func:`guard_preprocess` gives a rejected
-row that error instead of a request, so it reaches the one write untouched, and the input is read
-once. :func:`finish` then gives every row the same columns and a ``stage`` ("" when answered).
-"""
+A row rejected before the model (its ``reject_reason``) travels through the processor with Ray Data
+LLM's own error column set, so every stage and your ``postprocess`` pass it by and it reaches the
+one write untouched: the input is read once."""
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from helpers.autoscale import unplaceable
-from helpers.cluster import Session
-from helpers.data import REJECT_REASON
-from helpers.errors import Explained
-from helpers.location import Location
-from helpers.outputs import ERRORS, RunOutputs, parquet_rows, read_parts, result_row
-from helpers.known_lines import without_known_lines
-from helpers.progress import (dashboard, first_results_within, heartbeat, heartbeat_seconds, live_progress,
-                              log_stream)
-from helpers.run_stats import (Throughput, projection, rows_entered, rows_entering, stage_stats, stage_table,
-                               steady_state, throughput_table)
-from helpers.sizing import InputSize
-from helpers.stages import (FIRST_BATCH, INFERENCE_ERROR, POSTPROCESS, REJECTED, STAGE, batches_of, finish,
-                            first_batch_out, forget_first_batch)
+from helpers import progress
+from helpers.data import REJECT_REASON, ROW_ID
+from helpers.parameters import Explained
 
-RESULTS = "results"  # the parts folder of the one write
+INFERENCE_ERROR = "__inference_error__"  # Ray Data LLM's: a row with a value skips every stage
+STAGE, ERROR = "stage", "error"  # where a row stopped ("" when answered), and why
+REJECTED, ENGINE, POSTPROCESS = "rejected before the model", "engine", "postprocess"
+TOKENS = ("num_input_tokens", "num_generated_tokens")
+KIT_COLUMNS = (ROW_ID, *TOKENS, ERROR, STAGE)
 
 
-def _failure(what: str, exc: BaseException) -> str:
+def _fails(what: str, exc: BaseException) -> str:
     return f"{what} failed: {type(exc).__name__}: {exc}"
 
 
-def guard_preprocess(preprocess: Callable[[dict[str, Any]], Mapping[str, Any]], example: Mapping[str, Any]):
-    """Wrap your ``preprocess`` for the processor so no single row can fail the run.
+def _unstorable(values: Mapping[str, Any]) -> list[str]:
+    """The keys whose values no table column can hold (what Arrow cannot type)."""
+    import pyarrow as pa
 
-    - A row with a ``reject_reason`` is not sent to the model: it gets that reason as its error and
-      skips every stage (see the module docstring).
-    - If your function raises on a row, that row is rejected with the exception as its reason.
-    - Rejected rows carry the request your function makes for ``example`` (it is never sent), so
-      every row has the same request columns. Ray Data merges blocks column by column: in a batch
-      that joins a block of rejected rows only (a run of empty names, a block of broken images)
-      with other blocks, a missing request reads as nulls, its integer settings (``max_tokens``)
-      become floats, vLLM's engine refuses them in a thread of its own, and the run stalls for
-      good. ``example`` is also a first check: your function must handle it, or this raises.
-
-    It stays light on purpose: it runs in short tasks that Ray may spread over many worker
-    processes (160 on a 16-core machine with ``CPU_STAGE_CPUS=0.1``). Loading a tokenizer here, to
-    apply the chat template in the same task, made each of them import transformers: on an H100
-    machine, 131 workers grew to 55 GB and a 20,000-row run stalled. The processor's chat-template
-    stage loads it once per engine replica instead.
-    """
-    try:
-        stand_in = dict(preprocess(dict(example)))
-    except Exception as exc:
-        raise ValueError(f"your preprocess fails on the example row {dict(example)!r}: "
-                         f"{type(exc).__name__}: {exc}") from exc
-
-    def wrapped(row: dict[str, Any]) -> dict[str, Any]:
-        reason = row.get(REJECT_REASON) or ""
-        if reason:
-            return {**stand_in, INFERENCE_ERROR: str(reason), STAGE: REJECTED}
+    bad = []
+    for key, value in values.items():
         try:
-            request = dict(preprocess(row))
-            # Every row sets the column: in a block where some rows have an error, a row without
-            # it would read as null, and Ray's stages treat anything but "" as an error.
-            return {**request, INFERENCE_ERROR: "", STAGE: ""}
-        except Exception as exc:  # one row's problem, never the run's
-            return {**stand_in, INFERENCE_ERROR: _failure("preprocess", exc), STAGE: REJECTED}
-
-    return wrapped
-
-
-def guard_postprocess(postprocess: Callable[[dict[str, Any]], Mapping[str, Any]], carry: Sequence[str]):
-    """Wrap your ``postprocess``: it returns only its own outputs (``{"caption": ...}``); the
-    wrapper adds the ``carry`` columns, the engine's token counts and the request's digest
-    (:func:`helpers.outputs.result_row`). If it raises on a row, that row becomes an error with
-    stage ``postprocess`` instead of failing the run."""
-    keep = list(carry)
-
-    def wrapped(row: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return {**result_row(row, keep, **dict(postprocess(row))), STAGE: ""}
-        except Exception as exc:  # one row's problem, never the run's
-            return {**{c: row.get(c) for c in keep}, "error": _failure("postprocess", exc), STAGE: POSTPROCESS}
-
-    return wrapped
+            pa.array([value])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+            bad.append(key)
+    return bad
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """One run's outcome: the tables a person opens and the counts behind the summary."""
+class Functions:
+    """Your functions as the processor gets them, and what they were found to do on the example."""
 
-    root: Path
-    answered: pd.DataFrame  # rows the model answered (predictions or captions)
-    errors: pd.DataFrame  # rows rejected before the model or failed in it, with stage and reason
-    rows_entered_now: int | None  # rows that entered the processor in this run (None: Ray did not say)
-    rows_written_now: int  # rows this run wrote
-    rows_written_before: int  # rows an interrupted run had written (resumed runs)
-    throughput: Throughput
-    files: list[Location] = field(default_factory=list)  # the result files this run wrote
-    stats: str = ""  # Ray Data's execution statistics per operator
-    run: RunOutputs | None = None  # the output folder it wrote to (its run id guards the saved summary)
+    preprocess: Callable[[dict], dict]
+    postprocess: Callable[[dict], dict]
+    request: dict  # what your preprocess sends for the example (never sent; rejected rows carry it)
+    columns: tuple[str, ...]  # every result row's columns, in order
+    kept: tuple[str, ...]  # the input's columns among them
+    postprocess_code: str
 
-    @property
-    def rows_read(self) -> int | None:
-        """Rows read over the whole run, resumed parts included: what entered the processor now plus
-        what an interrupted run had written. None when Ray did not count (then nothing is claimed)."""
-        return None if self.rows_entered_now is None else self.rows_written_before + self.rows_entered_now
 
-    def throughput_table(self, whole_input=None, gpus: int = 0) -> pd.DataFrame:
-        """Rows and tokens per second, and what the whole input would take
-        (:func:`helpers.run_stats.throughput_table`)."""
-        return throughput_table(self, whole_input, gpus).to_frame("value")
+def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, Any], keep: Sequence[str] = ()) -> Functions:
+    """``preprocess`` and ``postprocess`` tried on ``example`` (and an empty answer to it) before anything
+    runs, then wrapped for ``build_processor``. Each result row holds its id, the input's ``keep``
+    columns, every column your ``postprocess`` returns, the engine's token counts, ``error`` and
+    ``stage``; a row whose function raises, or returns what a column cannot hold, is an error row."""
+    try:
+        request = dict(preprocess(dict(example)))
+    except Exception as exc:
+        raise ValueError(f"your preprocess fails on the example row {dict(example)!r}: {type(exc).__name__}: {exc}") from exc
+    answer = {**example, **request, "generated_text": "", "generated_tokens": [], "logprobs": None, ROW_ID: "example",
+              **dict.fromkeys(TOKENS, 0)}
+    try:
+        yours = dict(postprocess(answer))
+    except Exception as exc:
+        raise ValueError(f"your postprocess fails on an empty answer to the example: {type(exc).__name__}: {exc}") from exc
+    if bad := _unstorable(yours):
+        raise TypeError(f"your postprocess returns values no table column can hold for {bad}: return text, numbers, "
+                        "booleans, or lists and dicts of them")
+    if taken := sorted(set(yours) & set(KIT_COLUMNS)):
+        raise ValueError(f"your postprocess returns {taken}, which the kit sets on every row: name them otherwise")
+    kept = [c for c in keep if c not in yours and c not in KIT_COLUMNS]
+    columns = (ROW_ID, *kept, *yours, *TOKENS, ERROR, STAGE)
 
-    def projection(self, whole_input, gpus: int) -> dict:
-        """What the whole input would take at this run's steady rate (:func:`helpers.run_stats.projection`)."""
-        return projection(self, whole_input, gpus)
+    def pre(row: dict[str, Any]) -> dict[str, Any]:
+        # Rejected rows carry the example's request: Ray merges blocks column by column, and a block of
+        # rejects without one reads as nulls (integer settings become floats, which vLLM refuses).
+        if row.get(REJECT_REASON):
+            return {**request, INFERENCE_ERROR: str(row[REJECT_REASON]), STAGE: REJECTED}
+        try:
+            return {**dict(preprocess(row)), INFERENCE_ERROR: "", STAGE: ""}
+        except Exception as exc:  # one row's problem, never the run's
+            return {**request, INFERENCE_ERROR: _fails("preprocess", exc), STAGE: REJECTED}
 
-    def stage_table(self, path: Path | None = None) -> pd.DataFrame:
-        """Ray's stages, slowest first; the full statistics go to ``path`` (:func:`helpers.run_stats.stage_table`)."""
-        return stage_table(self.stats, path)
+    def post(row: dict[str, Any]) -> dict[str, Any]:
+        base = {ROW_ID: row.get(ROW_ID), **{c: row.get(c) for c in kept}}
+        try:
+            out = dict(postprocess(row))
+            if other := sorted(set(out) - set(yours)):
+                raise ValueError(f"it returned columns it did not return for the example ({other}): return the same "
+                                 "columns for every row")
+            if bad := _unstorable(out):
+                raise TypeError(f"no table column can hold its values for {bad}")
+            return {**base, **out, **{t: int(row.get(t) or 0) for t in TOKENS}, ERROR: "", STAGE: ""}
+        except Exception as exc:  # one row's problem, never the run's
+            return {**base, ERROR: _fails("postprocess", exc), STAGE: POSTPROCESS}
+
+    try:
+        code = inspect.getsource(postprocess)
+    except (OSError, TypeError):
+        code = getattr(getattr(postprocess, "__code__", None), "co_code", b"").hex()
+    return Functions(pre, post, request, columns, tuple(kept), code)
+
+
+def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
+    """Every row of an Arrow batch in ``columns``: rows that skipped the engine or failed in it (Ray Data
+    LLM returns them whole, with its error column) get their ``stage`` and ``error``, keep the input's
+    ``kept`` columns, and have nulls for yours. A column Ray stored as pickled objects (mixed types) is typed again: as Arrow infers it,
+    else as text; Ray's parquet ``row_hash`` as uint64, as the source has it (resuming compares them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n, names = table.num_rows, set(table.column_names)
+
+    def text(name: str):
+        return pc.fill_null(table.column(name).cast(pa.string()), "") if name in names else pa.array([""] * n, pa.string())
+
+    failed = pc.not_equal(text(INFERENCE_ERROR), "")
+    out = {}
+    for name in columns:
+        column = table.column(name) if name in names else pa.nulls(n)
+        if isinstance(column.type, pa.ExtensionType) and column.type.extension_name == "ray.data.arrow_pickled_object":
+            values = column.to_pylist()
+            try:
+                column = pa.array(values)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                column = pa.array([None if v is None else str(v) for v in values], pa.string())
+        if name == "row_hash" and not pa.types.is_null(column.type):
+            column = column.cast(pa.uint64())
+        out[name] = column if name in (ROW_ID, STAGE, ERROR, *kept) else pc.if_else(failed, pa.nulls(n, column.type), column)
+    out[ERROR] = pc.if_else(failed, text(INFERENCE_ERROR), text(ERROR))
+    out[STAGE] = pc.if_else(failed, pc.if_else(pc.equal(text(STAGE), ""), ENGINE, text(STAGE)), text(STAGE))
+    for name in TOKENS:
+        out[name] = pc.fill_null(out[name].cast(pa.int64()), 0)
+    return pa.table(out)
 
 
 class RunInterrupted(Explained, KeyboardInterrupt):
-    """The run was interrupted (Ctrl-C, Jupyter's stop button): one line says what is safe and how to
-    go on, instead of a hundred lines of Ray's and the kit's stack."""
+    """The run was interrupted (Jupyter's stop button, Ctrl-C): one line says what is safe."""
 
 
-def _interrupted_message(out: RunOutputs, id_column: str | None) -> str:
-    from helpers.outputs import committed_checkpoints
-
-    if out.resume and id_column is not None:
-        done = sum(parquet_rows(f) for f in committed_checkpoints(out.checkpoint(RESULTS)))
-        return (f"interrupted: {done:,} rows are safe in OUTPUT_DIR (written and checkpointed). Run this cell again "
-                "with the same settings to resume; only the rest is sent to the model.")
-    written = sum(parquet_rows(f) for f, _ in out.parts(RESULTS).files())
-    return (f"interrupted: {written:,} rows were written, but this run does not resume (RESUME=False or no "
-            "ID_COLUMN): running the cell again starts over, and keeps them in OUTPUT_DIR/earlier/.")
+class NotReadyError(Explained, RuntimeError):
+    """Ray is not running: the cells from 'Start Ray' down must run again."""
 
 
-#: A run of known size writes about this many result files as its rows come back ...
-RESULT_FILES = 64
-#: ... of at most this many rows each; of unknown size, this many rows each.
-MAX_ROWS_PER_FILE = 10_000
-ROWS_PER_FILE_UNKNOWN = 1_024
+def rows_per_file(plan: Any, rows: int | None) -> int:
+    """Ray's ``min_rows_per_file``: a CPU writes each batch as it comes (minutes of work otherwise); a GPU
+    run about 64 files, of a batch to 10,000 rows each (5,000,000 images make 500 files, not 300,000)."""
+    if not plan.accelerator_type:
+        return plan.batch_size
+    return max(plan.batch_size, min(math.ceil(rows / 64) if rows else 1024, 10_000))
 
 
-def rows_per_file(batch_size: int, expected_rows: int | None) -> int:
-    """Rows per result file: a run of ``expected_rows`` writes about :data:`RESULT_FILES` files as it
-    goes (so results stream out, a resume keeps what was written, and the steady state can be
-    measured at a few thousand rows), never fewer rows than a batch and never more than
-    :data:`MAX_ROWS_PER_FILE` (5,000,000 images make 500 files, not 300,000 of one batch each)."""
-    wanted = math.ceil(expected_rows / RESULT_FILES) if expected_rows else ROWS_PER_FILE_UNKNOWN
-    return max(batch_size or 1, min(wanted, MAX_ROWS_PER_FILE))
+@dataclass(frozen=True)
+class Written:
+    """What a run wrote: the tables a person opens, and the counts and times behind its summary."""
+
+    answered: pd.DataFrame  # rows the model answered (predictions, captions)
+    errors: pd.DataFrame  # rows rejected before the model or failed in it, with stage and reason
+    rows_entered: int | None  # rows that entered the processor in this run (None: Ray did not count)
+    rows_written: int  # rows this run wrote
+    rows_before: int  # rows an interrupted run had written (a resumed run)
+    seconds: float  # the pipeline, the engines' start included
+    steady: float  # rows/s once results flowed; NaN: not measured (see steady_basis)
+    steady_basis: str
+    input_tokens: int  # of the rows answered in this run
+    output_tokens: int
+    answered_now: int
+    stats: str  # Ray Data's statistics per stage
+    run: Any
+
+    @property
+    def rows_read(self) -> int | None:
+        return None if self.rows_entered is None else self.rows_before + self.rows_entered
+
+    def throughput(self, whole_input: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Rows and tokens per second, end to end and in steady state, and what the whole input would
+        take at this rate; and Ray's stages, slowest first (the first is the bottleneck; the full
+        statistics go to ``ray_stats.txt``)."""
+        rate = self.rows_written / self.seconds if self.seconds else float("nan")
+        per = self.answered_now or float("nan")
+        hours = whole_input / self.steady / 3600 if whole_input and self.steady > 0 else None
+        gpus = self.run.plan.gpus
+        table = pd.Series({
+            "rows written in this run": self.rows_written, "wall time, engine start included (s)": round(self.seconds, 1),
+            "rows/s, end to end": round(rate, 2), "rows/s, steady state": round(self.steady, 2),
+            "steady state": self.steady_basis, "input tokens/row": round(self.input_tokens / per, 1),
+            "output tokens/row": round(self.output_tokens / per, 2),
+            "whole input, rows": whole_input,
+            "whole input, projected hours": round(hours, 2) if hours is not None else "not projected: size or rate unknown",
+            "whole input, projected GPU-hours": round(hours * gpus, 2) if hours is not None and gpus else "-",
+        }).to_frame("value")
+        self.run.path("ray_stats.txt").write_text(self.stats)
+        stages = []
+        import re
+
+        for block in re.split(r"\n(?=Operator \d+ )", self.stats):
+            head = re.match(r"Operator \d+ (.+?): (\d+) tasks executed, \d+ blocks produced in ([\d.]+)(ms|s)", block)
+            if head:
+                out = re.search(r"Output num rows per block: .*?, (\d+) total", block)
+                stages.append({"stage": head.group(1), "tasks": int(head.group(2)), "rows out": int(out.group(1)) if out else None,
+                               "wall time (s)": round(float(head.group(3)) / (1000 if head.group(4) == "ms" else 1), 2)})
+        return table, pd.DataFrame(stages, columns=["stage", "tasks", "rows out", "wall time (s)"]).sort_values(
+            "wall time (s)", ascending=False).set_index("stage")
 
 
-def rows_planned(limit: int | None, input_size: InputSize | None) -> tuple[int | None, bool]:
-    """The rows a run reads: ``LIMIT`` or the whole input's, whichever is fewer (None: not known);
-    and whether that number is an estimate (the input's size scaled from a sample), so that its
-    progress says "of about"."""
-    expected = input_size.rows if input_size else None
-    planned = min(filter(None, (limit, expected)), default=None)
-    return planned, bool(planned and input_size and input_size.estimated and planned == expected != limit)
+def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[float, str]:
+    """Rows per second once results flow: the slope of rows written against time, fitted over this run's
+    result files; not claimed from fewer than 5 files or ones that came within a tenth of the run (an
+    engine that ends all its blocks together says nothing about its rate)."""
+    import numpy as np
+
+    if len(files) < 5:
+        return float("nan"), f"not measured: {len(files)} result files, fewer than 5"
+    times, rows = np.array(sorted(files), dtype=float).T
+    span = float(times[-1] - times[0])
+    if span <= 0 or span < 0.1 * seconds:
+        return float("nan"), f"not measured: {len(files)} files came within {span:.1f} s of {seconds:.0f} s"
+    return float(np.polyfit(times, np.cumsum(rows), 1)[0]), f"fitted over {len(files)} result files written in {span:.1f} s"
 
 
-def run(processor: Callable, ds, out: RunOutputs, session: Session, *, carry: Sequence[str],
-        outputs: Mapping[str, Any], id_column: str | None, answered_name: str, limit: int | None = None,
-        input_size: InputSize | None = None) -> RunResult:
-    """Run ``processor`` over ``ds`` once: every row, answered or not, is written in one pass to
-    ``OUTPUT_DIR/parts/results`` (resumably, see :meth:`RunOutputs.write`); then split into
-    ``answered_name`` (rows with an answer) and ``errors.parquet`` (rows with a stage and a reason).
+def rows_entered(ds) -> int | None:
+    """Rows that entered the processor in this run: the rows out of the operator holding Ray Data LLM's
+    preprocess map (``Map(_preprocess)``; each step after it in that operator is one row in, one out),
+    from Ray's statistics. None where Ray does not say, or that operator also holds the write."""
+    try:
+        pending = [ds.get_stats_summary()]
+        while pending:
+            summary = pending.pop()
+            for op in summary.operators_stats:
+                if "Map(_preprocess)" in op.operator_name:
+                    return None if op.output_num_rows is None or "Write" in op.operator_name else int(op.output_num_rows.sum)
+            pending.extend(summary.parents)
+    except Exception:  # statistics never fail a run that finished; without them nothing is claimed
+        return None
+    return None
 
-    Rows enter the engine in blocks of one batch (``session.batch_size``; Ray's streaming
-    repartition): a read block larger than a batch would make one engine task of several batches,
-    whose rows all come back when the last does (with 2,000 images in 64 blocks, every block ended
-    in the same 4 s). Results are written as they come, :func:`rows_per_file` rows a file, from
-    ``input_size`` (the whole input's rows, counted or estimated: the plan's; progress says "about"
-    for an estimate).
 
-    ``limit`` is the run's ``LIMIT`` (``ds`` already holds at most that many rows). Resuming, Ray's
-    checkpoint filter drops the rows an interrupted run finished right after the read, so a limit
-    after it would count that many *new* rows: the run then takes only the ``limit`` minus the rows
-    done, and a retried job with ``LIMIT`` ends with ``LIMIT`` rows, each once.
+def _table(files: Sequence[Any]) -> pd.DataFrame:
+    import pyarrow as pa
 
-    On a cluster of several nodes, every node must see ``OUTPUT_DIR``: checked when ``out`` was
-    prepared (:meth:`helpers.cluster.Session.prepare_output`), before anything there was moved aside.
-    Ray Data starts every stage's actors at once (the engine's start overlaps the light stages'); if no
-    batch comes out of the engine within ``session.startup_timeout_s``, or Ray cannot place what the
-    run asks for, the run stops instead of waiting forever (:func:`first_results_within`).
-    """
-    stage_cpus = session.stage_cpus
+    tables = [f.read_table() for f in files]
+    return pa.concat_tables(tables, promote_options="permissive").to_pandas() if tables else pd.DataFrame(columns=[STAGE, ERROR])
+
+
+def write(run: Any, results, answered_name: str) -> Written:
+    """``results`` (``processor(ds)``) written in one streaming pass to ``OUTPUT_DIR/parts`` as rows come
+    back, resumably where the run has an id column, with progress shown and the start watched; then
+    split into ``answered_name`` and ``errors.parquet``. Interrupted, it says how many rows are safe."""
+    import ray
+    from ray.data.checkpoint import CheckpointConfig
+
+    from helpers.cluster import checkpoint_filter
+    from helpers.run_folder import CHECKPOINT, PARTS
+
+    if not ray.is_initialized():
+        raise NotReadyError("Ray is not running. Run the notebook again from the 'Start Ray' cell down.")
+    plan, parts, checkpoint = run.plan, run.where / PARTS, run.where / CHECKPOINT
+    before = {f for f, _ in parts.files()}
+    rows = plan.rows
+    finished = results.map_batches(finish, batch_format="pyarrow", fn_kwargs={"columns": run.functions.columns, "kept": run.functions.kept},
+                                   num_cpus=plan.stage_cpus)
+    context, fs = finished.context, parts.fs if parts.remote else None
+    if run.id_column:  # on the dataset's own context, for this write only
+        context.checkpoint_config = CheckpointConfig(id_column=run.id_column, checkpoint_path=checkpoint.uri,
+                                                     override_filesystem=fs, delete_checkpoint_on_success=True,
+                                                     checkpoint_filter_cls=checkpoint_filter())
     started = time.perf_counter()
-    if limit and out.rows_done:
-        ds = ds.limit(max(limit - out.rows_done, 0))
-    if session.batch_size:
-        ds = batches_of(ds, session.batch_size, stage_cpus)
-    entering = ds.map_batches(rows_entering, batch_format="pyarrow", zero_copy_batch=True, num_cpus=stage_cpus)
-    import uuid
-
-    marker = f"{FIRST_BATCH}{uuid.uuid4().hex}"
-    finished = processor(entering).map_batches(finish, batch_format="pyarrow", num_cpus=stage_cpus, fn_kwargs={
-        "carry": list(carry), "outputs": dict(outputs), "marker": marker})
-    planned, about = rows_planned(limit, input_size)
-    total = max(planned - out.rows_done, 0) if planned else None  # this run's, after a resumed one's
-    if session.progress:  # a person in Jupyter: one line that updates in place
-        progress = live_progress(out.parts(RESULTS), total=total, about=about)
-    else:  # headless: a line in the log every minute, never in the report
-        beat_s = heartbeat_seconds()
-        if beat_s:
-            print(f"[llm-batch-kit] pipeline started: a progress line every {beat_s:g} s here{dashboard()}.",
-                  file=log_stream(), flush=True)
-        progress = heartbeat(out.parts(RESULTS), beat_s, total=total, about=about)
-    fresh = out.lock.keep_fresh() if out.lock else contextlib.nullcontext()  # no other run moves what this writes
-    watch = first_results_within(out.parts(RESULTS), session.startup_timeout_s, unplaceable,
-                                 first_batch=lambda: first_batch_out(marker))
-    try:  # without the one red line Ray logs as its actor stages start (helpers.known_lines); every other comes
-        with fresh, without_known_lines(), watch, progress:
-            written = out.write(finished, RESULTS, id_column=id_column, num_cpus=stage_cpus,
-                                rows_per_file=rows_per_file(session.batch_size, planned))
+    try:
+        with warnings.catch_warnings(), run.lock.fresh(), progress.shown(
+                parts, total=max(rows - run.rows_done, 0) if rows else None, about=plan.rows_estimated,
+                timeout_s=plan.startup_timeout_s):
+            warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")  # resumable or nothing
+            finished.write_parquet(parts.path if fs else parts.uri, filesystem=fs, mode="append" if run.resuming else "overwrite",
+                                   min_rows_per_file=rows_per_file(plan, rows), ray_remote_args={"num_cpus": plan.stage_cpus})
     except KeyboardInterrupt:
-        raise RunInterrupted(_interrupted_message(out, id_column)) from None
+        safe = sum(f.parquet_rows() for f, _ in checkpoint.files() if not f.name.endswith(".pending.parquet"))
+        raise RunInterrupted(f"interrupted: {safe:,} rows are safe in OUTPUT_DIR; run this cell again with the same "
+                             "settings to resume: only the rest is sent to the model." if run.id_column else
+                             "interrupted: this run does not resume (RESUME=False or no id column): running the cell "
+                             "again starts over, and keeps what it wrote in OUTPUT_DIR/earlier/.") from None
     finally:
-        forget_first_batch(marker)
-        if out.lock:
-            out.lock.release()
+        context.checkpoint_config = None
+        run.lock.release()
     seconds = time.perf_counter() - started
-    # Each result file is read once: all of them make the tables, this run's make its throughput.
-    parts = {f: f.read_parquet() for f in sorted(written.written_at)}  # every result file, as the write listed them
-    answered, errors = collect(out.root, answered_name, pd.concat(parts.values()) if parts else pd.DataFrame())
-    steady, steady_basis = steady_state([(written.written_at[f], len(parts[f])) for f in written.files], seconds)
-    now = pd.concat([parts[f] for f in written.files]) if written.files else pd.DataFrame(columns=[STAGE])
-    now = now[now[STAGE] == ""]
-    throughput = Throughput(written.rows, seconds, steady, steady_basis, answered_rows=len(now),
-                            input_tokens=int(now.get("num_input_tokens", pd.Series(dtype=int)).sum()),
-                            output_tokens=int(now.get("num_generated_tokens", pd.Series(dtype=int)).sum()))
-    return RunResult(
-        root=out.root, answered=answered, errors=errors, rows_entered_now=rows_entered(finished),
-        rows_written_now=written.rows, rows_written_before=written.rows_before,
-        throughput=throughput, files=written.files, stats=stage_stats(finished), run=out,
-    )
+    listed = parts.files()
+    new = [(f, t) for f, t in listed if f not in before]
+    everything = _table([f for f, _ in listed])
+    now = _table([f for f, _ in new])
+    answered_now = now[now[STAGE] == ""]
+    is_error = everything[STAGE] != ""
+    answered = everything[~is_error].drop(columns=[ERROR, STAGE]).reset_index(drop=True)
+    errors = everything[is_error].rename(columns={ERROR: "reason"}).reset_index(drop=True)
+    answered.to_parquet(run.path(answered_name), index=False)
+    errors.to_parquet(run.path("errors.parquet"), index=False)
+    steady, basis = steady_state([(t, f.parquet_rows()) for f, t in new], seconds)
+    try:
+        stats = finished.stats()
+    except Exception as exc:  # statistics never fail a run that finished
+        stats = f"(no statistics: {exc})"
+    return Written(answered, errors, rows_entered(finished), len(now), len(everything) - len(now), seconds, steady, basis,
+                   int(answered_now[TOKENS[0]].sum()), int(answered_now[TOKENS[1]].sum()), len(answered_now), stats, run)
 
-
-def collect(root: Path, answered_name: str, rows: pd.DataFrame | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Split the written rows (``rows``, or read from the results folder) into answered rows and
-    errors; write both tables; return them."""
-    if rows is None:
-        rows = read_parts(root / "parts" / RESULTS)
-    if rows.empty:
-        rows = pd.DataFrame(columns=["error", STAGE])
-    is_error = rows[STAGE] != ""
-    answered = rows[~is_error].drop(columns=["error", STAGE]).reset_index(drop=True)
-    errors = rows[is_error].rename(columns={"error": "reason"}).reset_index(drop=True)
-    answered.to_parquet(root / answered_name, index=False)
-    errors.to_parquet(root / ERRORS, index=False)
-    return answered, errors

@@ -1,15 +1,9 @@
-"""Where input data lives: local paths, ``file://``, ``s3://``, ``gs://`` and ``http(s)://``.
+"""Where data lives: local paths, ``file://``, buckets (``s3://``, ``gs://``), the web and the Hugging
+Face Hub (``hf://``), read and written through pyarrow's filesystems, the layer Ray Data uses.
 
-Ray Data reads all of these through pyarrow (or fsspec for HTTP). Two things need help:
-
-- **S3-compatible storage** (MinIO, an on-premises store, a local test server) is reached through an
-  endpoint of its own. pyarrow does not read ``AWS_ENDPOINT_URL`` (boto3 and the AWS CLI do), so
-  :func:`filesystem` builds the S3 filesystem with that endpoint when the variable is set, and the
-  notebooks pass it to every read. Credentials and region come from the usual variables
-  (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``).
-- **Listing** a remote folder, to tell its layout (``.tar`` shards, ``.parquet`` files or images),
-  goes through the same filesystem as the read: :func:`list_files`. A local ``Path`` check would
-  call every remote folder a file.
+pyarrow does not read ``AWS_ENDPOINT_URL`` (boto3 does): :func:`filesystem` builds the S3 filesystem
+for an S3-compatible store (MinIO, a local server) from it. Everything printed or recorded about a
+path goes through :func:`redact` first (a presigned URL's signature, ``s3://KEY:SECRET@``).
 """
 
 from __future__ import annotations
@@ -17,42 +11,46 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
-#: Set this to your S3-compatible store's address, e.g. ``http://minio.internal:9000``.
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
+#: Query parameters whose values are secrets (presigned S3/GCS URLs, Azure SAS, tokens, keys).
+_SECRET_QUERY = re.compile(r"sig|token|credential|secret|password|passwd|key|auth", re.IGNORECASE)
+COMPRESSED = (".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")
 
 
 def scheme(path: str) -> str:
-    """``"s3"``, ``"gs"``, ``"http"``, ``"https"``, ``"file"``, or ``""`` for a plain local path."""
     return urlparse(path).scheme.lower() if "://" in path else ""
 
 
-#: Query parameters whose values are secrets: presigned S3 and GCS URLs (``X-Amz-Signature``,
-#: ``X-Amz-Credential``, ``X-Amz-Security-Token``, ``X-Goog-Signature``), Azure SAS (``sig``), tokens and keys.
-_SECRET_QUERY = re.compile(r"sig|token|credential|secret|password|passwd|key|auth", re.IGNORECASE)
-REDACTED = "***"
+def is_remote(path: str) -> bool:
+    return scheme(path) not in ("", "file")
+
+
+def is_web(path: str) -> bool:
+    return scheme(path) in ("http", "https")
+
+
+def is_compressed(path: str) -> bool:
+    return (urlparse(path).path if is_web(path) else path).lower().endswith(COMPRESSED)
 
 
 def redact(path: str) -> str:
-    """``path`` with its secrets replaced by ``***``: the user-info of a URL (``s3://KEY:SECRET@bucket/``)
-    and the values of query parameters that carry credentials or signatures (a presigned URL's
-    ``X-Amz-Signature``, ``sig``, ``token``, ...). Everything the kit writes or prints about a path
-    (``run.json``, the report, its logs) goes through this; the data is read with the path as given."""
+    """``path`` with the secrets in its user-info and query replaced by ``***``."""
     if "://" not in path:
         return path
     parts = urlsplit(path)
-    netloc = parts.netloc
-    if "@" in netloc:
-        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
-    query = "&".join(
-        f"{name}={REDACTED}" if sep and _SECRET_QUERY.search(name) else f"{name}{sep}{value}"
-        for name, sep, value in (item.partition("=") for item in parts.query.split("&") if item))
+    netloc = f"***@{parts.netloc.rsplit('@', 1)[1]}" if "@" in parts.netloc else parts.netloc
+    query = "&".join(f"{name}=***" if sep and _SECRET_QUERY.search(name) else f"{name}{sep}{value}"
+                     for name, sep, value in (item.partition("=") for item in parts.query.split("&") if item))
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def redact_all(value):
-    """:func:`redact` every string in ``value`` (strings, and lists, tuples and dicts of them)."""
+def redact_all(value: Any) -> Any:
+    """:func:`redact` every string in ``value`` (and in its lists, tuples and dicts)."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
@@ -62,60 +60,9 @@ def redact_all(value):
     return value
 
 
-def is_remote(path: str) -> bool:
-    """True for URLs and cloud URIs (``https://``, ``s3://``, ``gs://`` ...), not ``file://``."""
-    return scheme(path) not in ("", "file")
-
-
-def is_web(path: str) -> bool:
-    """True for ``http://`` and ``https://`` URLs: one file each, which cannot be listed or written."""
-    return scheme(path) in ("http", "https")
-
-
-#: Endings of compressed files, whose rows and encoding cannot be told from their first bytes.
-COMPRESSED = (".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")
-
-
-def is_compressed(path: str) -> bool:
-    """True when the file at ``path`` ends like a compressed one (a URL's query left out)."""
-    return (urlparse(path).path if is_web(path) else path).lower().endswith(COMPRESSED)
-
-
-def read_head(path: str, nbytes: int, fs=None) -> bytes:
-    """The first ``nbytes`` of the file at ``path``: through ``fs`` (:func:`resolve`), or for a URL
-    a ranged GET (a presigned URL's signature covers the request, not its Range; errors name no URL)."""
-    if is_web(path):
-        import urllib.request
-
-        request = urllib.request.Request(path, headers={"Range": f"bytes=0-{nbytes - 1}"})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.read(nbytes)
-    filesystem, where = resolve(path, fs)
-    with filesystem.open_input_stream(where) as f:
-        return f.read(nbytes)
-
-
-def read_chunks(path: str, fs=None, size: int = 1 << 20) -> Iterator[bytes]:
-    """The file at ``path``, ``size`` bytes at a time (as :func:`read_head` reads its start)."""
-    if is_web(path):
-        import urllib.request
-
-        with urllib.request.urlopen(path, timeout=60) as response:
-            while chunk := response.read(size):
-                yield chunk
-        return
-    filesystem, where = resolve(path, fs)
-    with filesystem.open_input_stream(where) as f:
-        while chunk := f.read(size):
-            yield chunk
-
-
 def filesystem(path: str):
-    """The pyarrow filesystem to read ``path`` with, or ``None`` to let Ray choose (the default).
-
-    S3 paths with ``AWS_ENDPOINT_URL`` set get an S3 filesystem pointed at that endpoint; ``hf://``
-    paths get the Hugging Face Hub's (:func:`hub_filesystem`).
-    """
+    """The pyarrow filesystem for ``path``, or None to let Ray choose: the Hub's for ``hf://``, an S3
+    filesystem pointed at ``AWS_ENDPOINT_URL`` for ``s3://`` when it is set."""
     if scheme(path) == "hf":
         return hub_filesystem()
     endpoint = os.environ.get(ENDPOINT_VARIABLE)
@@ -125,28 +72,24 @@ def filesystem(path: str):
 
     parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    # Seconds, not minutes, to learn that a store does not answer (a wrong endpoint, a stopped server).
+    # Seconds, not minutes, to learn that a store does not answer.
     return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region,
                            connect_timeout=5, request_timeout=60,
                            retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=3))
 
 
 def hub_filesystem():
-    """The Hugging Face Hub as a pyarrow filesystem: ``huggingface_hub.HfFileSystem`` wrapped with
-    pyarrow's ``FSSpecHandler``, as Ray Data's docs show, so that listing and Ray's parallel reads
-    go through it (``hf://datasets/ORG/NAME[@revision]/folder``). It reads ``HF_TOKEN`` and
-    ``HF_ENDPOINT`` from each process's environment: the token is never passed, printed or stored."""
+    """The Hugging Face Hub as a pyarrow filesystem (``HfFileSystem`` in pyarrow's ``FSSpecHandler``, as
+    Ray Data's docs show). It reads ``HF_TOKEN`` and ``HF_ENDPOINT`` from each process's environment:
+    the token is never passed, printed or stored. A fresh instance: fsspec's cached one keeps old answers."""
     from huggingface_hub import HfFileSystem
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-    # A fresh instance: fsspec would hand back a cached one, with the Hub's earlier answers (a
-    # repository not found before HF_TOKEN was set) and the token it was made with.
     return PyFileSystem(FSSpecHandler(HfFileSystem(skip_instance_cache=True)))
 
 
 class HubPathError(FileNotFoundError):
-    """An ``hf://`` path the Hub cannot serve: no such repository (or a private one without a
-    token), no such revision, or nothing at that path."""
+    """An ``hf://`` path the Hub cannot serve."""
 
 
 def _hub_problem(path: str, exc: BaseException) -> HubPathError:
@@ -163,12 +106,11 @@ def _hub_problem(path: str, exc: BaseException) -> HubPathError:
     return HubPathError(f"INPUT_PATH={redact(path)!r}: {why}")
 
 
-def resolve(path: str, fs=None):
-    """``(filesystem, path within it)`` for a local path, ``file://`` or cloud URI: ``fs`` when given
-    (:func:`filesystem`), else the one pyarrow infers from the URI."""
+def resolve(path: str, fs=None) -> tuple[Any, str]:
+    """``(filesystem, path within it)``: ``fs`` when given, else the one pyarrow infers."""
     from pyarrow import fs as pafs
 
-    if fs is None and scheme(path) == "hf":  # pyarrow has no hf:// scheme of its own
+    if fs is None and scheme(path) == "hf":
         fs = hub_filesystem()
     if fs is None:
         return pafs.FileSystem.from_uri(path if scheme(path) else os.path.abspath(path))
@@ -176,12 +118,8 @@ def resolve(path: str, fs=None):
 
 
 def list_files(path: str, fs=None) -> list[str]:
-    """The files under ``path`` (itself, if it is a file), hidden ones left out, sorted.
-
-    Local paths, ``file://`` and cloud URIs are listed through pyarrow, like Ray Data lists them;
-    an ``http(s)://`` URL cannot be listed and is taken as the one file it names.
-    Raises ``FileNotFoundError`` when nothing is there.
-    """
+    """The files under ``path`` (itself, if a file), hidden ones left out, sorted; a web URL is the one
+    file it names. Raises ``FileNotFoundError`` when nothing is there."""
     if is_web(path):
         return [path]
     from pyarrow import fs as pafs
@@ -192,19 +130,240 @@ def list_files(path: str, fs=None) -> list[str]:
         if constants.HF_HUB_OFFLINE:
             raise HubPathError(f"INPUT_PATH={redact(path)!r} is on the Hugging Face Hub, but HF_HUB_OFFLINE is set "
                                "(`make job` sets it for the offline models): unset it to read from the Hub")
-        try:  # the Hub's own answer first: pyarrow's wrapper turns every refusal into "not found"
+        try:  # the Hub's own answer: pyarrow's wrapper turns every refusal into "not found"
             HfFileSystem(skip_instance_cache=True).resolve_path(path)
         except (FileNotFoundError, ValueError, NotImplementedError) as exc:
             raise _hub_problem(path, exc) from exc
-    fs, where = resolve(path, fs)  # hf:// without a filesystem gets the Hub's (resolve)
+    fs, where = resolve(path, fs)
     info = fs.get_file_info(where)
     if info.type == pafs.FileType.NotFound:
         if scheme(path) == "hf":
             raise _hub_problem(path, FileNotFoundError("nothing at that path in the repository"))
-        raise FileNotFoundError(f"nothing at {path!r}")
+        raise FileNotFoundError(f"nothing at {redact(path)!r}")
     if info.type == pafs.FileType.File:
         return [path]
-    found = fs.get_file_info(pafs.FileSelector(where, recursive=True))
-    prefix = path.split("://", 1)[0] + "://" if scheme(path) not in ("", "file") else ""
-    return sorted(prefix + f.path for f in found
+    prefix = path.split("://", 1)[0] + "://" if is_remote(path) else ""
+    return sorted(prefix + f.path for f in fs.get_file_info(pafs.FileSelector(where, recursive=True))
                   if f.type == pafs.FileType.File and not f.base_name.startswith((".", "_")))
+
+
+def read_chunks(path: str, fs=None, size: int = 1 << 20, limit: int | None = None) -> Iterator[bytes]:
+    """The file at ``path``, ``size`` bytes at a time (the first ``limit`` bytes, if given); a web URL
+    with a ranged GET for a limit (a presigned URL's signature covers the request, not its Range)."""
+    if is_web(path):
+        import urllib.request
+
+        headers = {"Range": f"bytes=0-{limit - 1}"} if limit else {}
+        stream = urllib.request.urlopen(urllib.request.Request(path, headers=headers), timeout=60)
+    else:
+        filesystem, where = resolve(path, fs)
+        stream = filesystem.open_input_stream(where)
+    read = 0
+    with stream:
+        while (limit is None or read < limit) and (chunk := stream.read(size if limit is None else min(size, limit - read))):
+            read += len(chunk)
+            yield chunk
+
+
+def read_head(path: str, nbytes: int, fs=None) -> bytes:
+    return b"".join(read_chunks(path, fs, limit=nbytes))
+
+
+class OutputLocationError(OSError):
+    """A folder in object storage that cannot be used; the message names it and what the store said."""
+
+
+@dataclass(frozen=True, order=True)
+class Location:
+    """A folder or file on the local disk or in object storage: ``uri`` as a person reads it, ``fs`` and
+    ``path`` as pyarrow takes them. The few operations results need, the same way for both."""
+
+    uri: str
+    fs: Any = field(compare=False, repr=False)
+    path: str = field(compare=False)
+
+    @classmethod
+    def of(cls, where: str | Path | Location) -> Location:
+        if isinstance(where, Location):
+            return where
+        text = str(where)
+        if is_remote(text):
+            if is_web(text):
+                raise OutputLocationError(f"{redact(text)!r} is a web address: results cannot be written there; "
+                                          "use a local folder or a bucket (s3://, gs://)")
+            fs, path = resolve(text.rstrip("/"), filesystem(text))
+            return cls(text.rstrip("/"), fs, path.rstrip("/"))
+        from pyarrow import fs as pafs
+
+        local = os.path.abspath(os.path.expanduser(text.removeprefix("file://")))
+        return cls(local, pafs.LocalFileSystem(), local)
+
+    @property
+    def remote(self) -> bool:
+        return is_remote(self.uri)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    def __truediv__(self, name: str) -> Location:
+        return Location(f"{self.uri}/{name}", self.fs, f"{self.path}/{name}")
+
+    def __str__(self) -> str:
+        return redact(self.uri)
+
+    def _type(self):
+        return self.fs.get_file_info(self.path).type
+
+    def exists(self) -> bool:
+        from pyarrow import fs as pafs
+
+        return self._type() != pafs.FileType.NotFound
+
+    def is_file(self) -> bool:
+        from pyarrow import fs as pafs
+
+        return self._type() == pafs.FileType.File
+
+    def children(self) -> list[str]:
+        from pyarrow import fs as pafs
+
+        return sorted(f.base_name for f in self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True)))
+
+    def files(self, suffix: str = ".parquet") -> list[tuple[Location, float]]:
+        """``(file, modified at)`` for every file under this folder whose name ends with ``suffix``."""
+        from pyarrow import fs as pafs
+
+        found = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True, allow_not_found=True))
+        prefix = self.uri[: len(self.uri) - len(self.path)]
+        return sorted((Location(prefix + f.path, self.fs, f.path), f.mtime.timestamp() if f.mtime else 0.0)
+                      for f in found if f.type == pafs.FileType.File and f.base_name.endswith(suffix))
+
+    def read_text(self) -> str:
+        with self.fs.open_input_stream(self.path) as f:
+            return f.read().decode()
+
+    def write_text(self, text: str) -> None:
+        with self.fs.open_output_stream(self.path) as f:
+            f.write(text.encode())
+
+    def create(self, text: str) -> bool:
+        """Write ``text`` only if the file does not exist, in one step where the store allows it (an
+        exclusive create on a disk, a conditional write in S3); False where it exists. Other stores
+        (gs://, ...) check, then write: two writers at the same moment can both succeed there."""
+        if not self.remote:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            return True
+        if scheme(self.uri) == "s3":
+            bucket, key = self.path.split("/", 1)
+            try:
+                _s3().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
+            except Exception as exc:  # botocore's ClientError: 412 when the object exists
+                if "PreconditionFailed" in str(exc) or "412" in str(exc):
+                    return False
+                raise
+            return True
+        if self.exists():
+            return False
+        self.write_text(text)
+        return True
+
+    def version(self) -> str:
+        """What :meth:`replace` compares: an S3 object's ETag, else the file's text."""
+        if scheme(self.uri) == "s3":
+            bucket, key = self.path.split("/", 1)
+            return _s3().head_object(Bucket=bucket, Key=key)["ETag"]
+        return self.read_text()
+
+    def replace(self, text: str, version: str) -> bool:
+        """Write ``text`` only if the file is still at ``version``: in one step in S3 (a conditional
+        write); elsewhere checked, then written."""
+        if scheme(self.uri) == "s3":
+            bucket, key = self.path.split("/", 1)
+            try:
+                _s3().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfMatch=version)
+            except Exception as exc:  # botocore's ClientError: 412 when another write came first
+                if "PreconditionFailed" in str(exc) or "412" in str(exc):
+                    return False
+                raise
+            return True
+        if not self.exists() or self.read_text() != version:
+            return False
+        self.write_text(text)
+        return True
+
+    def mkdir(self) -> None:
+        self.fs.create_dir(self.path, recursive=True)
+
+    def remove(self) -> None:
+        """Delete this file or folder; nothing if it does not exist."""
+        from pyarrow import fs as pafs
+
+        kind = self._type()
+        if kind == pafs.FileType.Directory:
+            self.fs.delete_dir(self.path)
+        elif kind == pafs.FileType.File:
+            self.fs.delete_file(self.path)
+
+    def move_to(self, target: Location) -> None:
+        """A rename on a disk; in object storage each object copied, then the originals deleted."""
+        from pyarrow import fs as pafs
+
+        kind = self._type()
+        if kind == pafs.FileType.NotFound:
+            return
+        if not self.remote:
+            os.makedirs(os.path.dirname(target.path), exist_ok=True)
+            os.replace(self.path, target.path)
+        elif kind == pafs.FileType.File:
+            self.fs.copy_file(self.path, target.path)
+            self.fs.delete_file(self.path)
+        else:
+            for info in self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True)):
+                if info.type == pafs.FileType.File:
+                    self.fs.copy_file(info.path, target.path + info.path[len(self.path):])
+            self.fs.delete_dir(self.path)
+
+    def upload(self, local: Path) -> None:
+        from pyarrow import fs as pafs
+
+        pafs.copy_files(str(local), self.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
+
+    def parquet_rows(self) -> int:
+        import pyarrow.parquet as pq
+
+        with self.fs.open_input_file(self.path) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+
+    def read_table(self):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.path, filesystem=self.fs)
+
+
+def _s3():
+    import boto3  # reads AWS_ENDPOINT_URL and the credentials as the S3 filesystem does
+
+    return boto3.client("s3")
+
+
+def check_reachable(location: Location, what: str = "OUTPUT_DIR") -> list[str]:
+    """Within seconds, naming the path: a bucket that does not exist, a store that does not answer,
+    credentials it refuses. Reads only; returns the names the folder holds."""
+    from pyarrow import fs as pafs
+
+    bucket = location.path.split("/", 1)[0]
+    try:
+        if location.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+            raise OutputLocationError(f"{what}={str(location)!r}: the bucket {bucket!r} does not exist (or these "
+                                      "credentials cannot see it); create it, or choose one you can write to")
+        return location.children()
+    except OutputLocationError:
+        raise
+    except OSError as exc:
+        raise OutputLocationError(f"{what}={str(location)!r} cannot be used: {' '.join(str(exc).split())[:400]}") from exc

@@ -1,0 +1,339 @@
+"""The run's configuration: a preset (:mod:`helpers.presets`) fitted to your GPUs and rows, with your
+``ENGINE`` settings on top and a reason for every value the kit chose; the throughput guide's rules
+checked with numbers; the context measured from the requests your ``preprocess`` really sends."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from helpers import cluster, models
+from helpers.parameters import Explained, closest, flag, is_int, is_number, literal, positive_int, raise_if, text
+from helpers.presets import (CPU_PRESET, DEFAULT_GPU_PRESET, GIB, GPUS, OFFLINE, PRESETS, Preset, engine_defaults,
+                             memory_budget, model_shape, names)
+
+
+def _pair(v: Any) -> bool:
+    v = literal(v)
+    return (is_int(v) and v >= 1) or (isinstance(v, (list, tuple)) and len(v) == 2 and all(is_int(x) for x in v)
+                                       and 1 <= v[0] <= v[1])
+
+
+#: What ``ENGINE`` may set: the preset's fields, each with its check.
+ENGINE_KEYS = {
+    "accelerator_type": lambda v: v is None or (isinstance(v, str) and bool(v)),
+    "concurrency": _pair, "replicas_per_gpu": lambda v: is_int(v) and 1 <= v <= 8,
+    **dict.fromkeys(("batch_size", "max_model_len", "num_blocks", "max_concurrent_batches", "max_num_seqs",
+                     "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size"), lambda v: is_int(v) and v >= 1),
+    "startup_timeout_s": lambda v: is_int(v) and v >= 10,
+    "gpu_memory_utilization": lambda v: is_number(v) and 0 < v <= 1,
+    **dict.fromkeys(("quantization", "dtype"), lambda v: v is None or isinstance(v, str)),
+    **dict.fromkeys(("enforce_eager", "torch_compile", "trust_remote_code"), lambda v: isinstance(v, bool)),
+    "tokenize_stage": lambda v: isinstance(v, bool), "stage_cpus": lambda v: is_number(v) and 0 < v <= 8,
+    "kv_cache_gib": lambda v: is_int(v) and v >= 1, "engine_kwargs": lambda v: isinstance(v, dict),
+}
+
+
+def check_engine(engine: Any) -> list[str]:
+    """``ENGINE``'s problems: not a dict, an unknown key (with the closest one), a bad value."""
+    engine = literal(engine)
+    if not isinstance(engine, dict):
+        return [f"ENGINE must be a dict of settings such as {{'concurrency': 2}}, got {engine!r}"]
+    found = [f"ENGINE[{k!r}] is not a setting: {closest(str(k), ENGINE_KEYS)}" for k in engine if k not in ENGINE_KEYS]
+    found += [f"ENGINE[{k!r}]={v!r} is not a valid value" for k, v in engine.items() if k in ENGINE_KEYS and not ENGINE_KEYS[k](literal(v))]
+    if engine.get("enforce_eager") is True and engine.get("torch_compile") is True:
+        found.append("ENGINE asks vLLM both to compile (torch_compile) and to run without compiling (enforce_eager)")
+    return found
+
+
+class ConfigurationError(Explained, ValueError):
+    """A configuration that would fail or waste its resources; the message says which rule and why."""
+
+
+def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any = None, limit: Any = None) -> Preset:
+    """``PRESET`` (``"auto"``: fitted to the GPUs found), with ``MODEL_SOURCE`` and ``ENGINE`` on top, and
+    what a run of its rows changes (``LIMIT``, else the ``source``'s where known); the model prepared,
+    the checks passed (errors raise, warnings printed). Every parameter is checked first."""
+    problems = [f"PRESET must be one of {names(task)}, got {preset!r}"] if preset not in names(task) else []
+    problems += text("MODEL_SOURCE", model_source, optional=True) + positive_int("LIMIT", limit, optional=True)
+    problems += check_engine(engine)
+    raise_if(problems)
+    given = {k: (tuple(literal(v)) if k == "concurrency" and isinstance(literal(v), (list, tuple)) else literal(v))
+             for k, v in literal(engine).items()}
+    if model_source is not None:
+        given["model_source"] = model_source
+    if preset == "auto":
+        wanted = given.get("accelerator_type")
+        count = given["concurrency"] if is_int(given.get("concurrency")) else 1
+        seen = cluster.visible(wait_s=given.get("startup_timeout_s", 600), wanted=(wanted, count) if wanted else None)
+        chosen = _auto(task, seen, given)
+    else:
+        chosen = PRESETS[preset]
+    plan = chosen.override(**given, given=tuple(given))
+    if plan.world > 1 and plan.replicas_per_gpu > 1:
+        raise ConfigurationError(f"replicas_per_gpu={plan.replicas_per_gpu}: a replica over {plan.world} GPUs "
+                                 "(tensor or pipeline parallelism) cannot share them")
+    if plan.task == "vision" and plan.tokenize_stage:
+        raise ConfigurationError("tokenize_stage is for text: vLLM places an image's tokens itself")
+    whole = getattr(source, "rows", None)
+    rows = min(filter(None, (whole, limit)), default=None)
+    estimated = bool(rows and rows == whole != limit and getattr(source, "rows_basis", "").startswith("estimated"))
+    known = None if estimated else rows  # short-run choices only on rows known before reading
+    plan = _decide(plan, set(given), known).override(rows=rows, rows_estimated=estimated)
+    plan = plan.override(model_path=models.resolve(plan.model_source, task))
+    print(f"preset {plan.name}: {plan.description}\nmodel: {plan.model_path}")
+    for warning in check(plan, rows=rows):
+        print(f"warning: {warning}")
+    return plan
+
+
+def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Preset:
+    """The task's GPU preset fitted to ``seen`` (the offline CPU preset where there is no GPU here)."""
+    gpus = cluster.choose(seen, given.get("accelerator_type"))
+    if gpus.count == 0:
+        if given.get("accelerator_type") and seen.get("GPU"):
+            raise ConfigurationError(f"accelerator_type={given['accelerator_type']!r}: the cluster has no such GPUs "
+                                     f"({cluster.choose(seen).describe()})")
+        if seen.get("remote"):
+            raise ConfigurationError(
+                "PRESET='auto' found no GPUs on the Ray cluster (one that scales from zero shows none until work asks "
+                "for them) and will not fall back to CPUs there: set ENGINE={'accelerator_type': 'L4'} (the type its "
+                f"nodes have) and 'auto' asks the autoscaler for them, or name a preset such as {DEFAULT_GPU_PRESET[task]!r}")
+        return PRESETS[CPU_PRESET[task]].override(description="auto: no GPU visible, so the offline CPU preset")
+    base = PRESETS[DEFAULT_GPU_PRESET[task]]
+    model = given.get("model_source") or base.model_source  # the offline model is fitted as the tutorial's
+    memory = gpus.memory_gib or min(g.memory_gib for g in GPUS.values())
+    reasons = {"accelerator_type": f"planned for {gpus.describe()}"}
+    shape = model_shape(model)
+    budget = memory_budget(memory, base.gpu_memory_utilization)
+    tp = next((t for t in (1, 2, 4, 8) if t <= gpus.largest_node and shape.divides(t)
+               and shape.weight_bytes() / t <= 0.8 * budget), None) if shape else 1
+    if tp is None and "model_source" not in given:  # the offline model is what runs: it fits any GPU
+        shape, tp = None, 1
+    if tp is None:
+        raise ConfigurationError(f"PRESET='auto': {model}'s {shape.weight_bytes() / GIB:.0f} GiB of weights do not fit "
+                                 f"{gpus.describe()} in tensor-parallel groups inside one node. Use bigger GPUs, more "
+                                 f"of them on a node, or a quantized checkpoint (presets: {names(task)[1:]})")
+    share = given.get("replicas_per_gpu") or 1
+    if tp > 1:
+        reasons.update(tensor_parallel_size=f"{model}'s weights do not fit one {gpus.gpu_type} with room for a KV cache",
+                       replicas_per_gpu="a replica spans several GPUs")
+    elif "replicas_per_gpu" not in given and shape and 4 * shape.weight_bytes() <= budget and base.max_model_len <= 1024:
+        share = 2  # measured on an H100: 2 engines 1.69x one raw engine (8B text), 2.46x (3B captions); 3: 1.34x
+        reasons["replicas_per_gpu"] = ("short requests leave one engine's CPU side (scheduling, grammar masks) the "
+                                       "bottleneck, and two copies of the weights fit")
+    replicas = gpus.replicas(tp) * share
+    reasons["concurrency"] = f"{gpus.replicas(tp)} replicas of {tp} GPUs" if tp > 1 else f"{share} per GPU on {gpus.count} GPUs"
+    step, seqs = engine_defaults(gpus.gpu_type or "", memory)
+    reasons["max_num_batched_tokens"] = f"what vllm.LLM takes per step on a {memory:.0f} GiB GPU (Ray alone: 2048)"
+    seqs //= share
+    if shape is not None:
+        free = memory_budget(memory, base.override(replicas_per_gpu=share).memory_share) - shape.weight_bytes() / tp
+        fits = int(free / (shape.kv_bytes_per_token * base.max_model_len / tp))
+        seqs = max(1, min(seqs, 2 ** int(math.log2(max(fits, 1)))))
+        reasons["max_num_seqs"] = f"~{free / GIB:.1f} GiB of KV cache per replica holds {fits} full-length sequences"
+    # Ray's engine stage admits 1.1 x max_num_seqs requests: keep twice that many rows queued per replica.
+    batches = max(base.max_concurrent_batches, 2 * -(-math.ceil(1.1 * seqs) // base.batch_size))
+    if batches > base.max_concurrent_batches:
+        reasons["max_concurrent_batches"] = "twice the batches that fill the engine's request slots (1.1 x max_num_seqs)"
+    return base.override(name=f"auto ({gpus.count}x{gpus.gpu_type})", model_source=OFFLINE if "model_source" not in given else model,
+                         accelerator_type=gpus.gpu_type, concurrency=replicas, tensor_parallel_size=tp, replicas_per_gpu=share,
+                         gpu_memory_gib=gpus.memory_gib if gpus.memory_basis == "measured" else None, max_num_seqs=seqs,
+                         max_num_batched_tokens=step, max_concurrent_batches=batches,
+                         description=f"auto: {gpus.count} x {gpus.gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
+
+
+def _cpu_dtype() -> tuple[str, str]:
+    """The checkpoint's bfloat16 where the CPU computes it natively, else float32 (emulated bfloat16 took
+    88 s for 64 rows against 14 s in float32 on a 2-core AVX2 machine)."""
+    try:
+        flags = {f for line in open("/proc/cpuinfo") if line.startswith("flags") for f in line.split()}
+    except OSError:
+        return "auto", "CPU instructions unknown: the checkpoint's own dtype"
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return "auto", "this CPU computes bfloat16 natively: the checkpoint's bfloat16"
+    return "float32", "this CPU has no bfloat16 instructions: float32 runs several times faster"
+
+
+#: A GPU run of at most this many rows runs eagerly: graph capture did not pay for itself (H100:
+#: 23 s of a 157 s pipeline for 24 images). A CPU run of at most these runs in vLLM's own process
+#: (~18 s sooner to start on 2 cores, slower to compute).
+SHORT_GPU_ROWS, ONE_PROCESS_ROWS = 1_000, {"text": 100, "vision": 30}
+
+
+def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
+    """The values the preset leaves to the kit, each with its reason, for a run of ``rows`` known rows."""
+    why = dict(p.reasons)
+    changes: dict[str, Any] = {}
+    if p.tokenize_stage is None:
+        changes["tokenize_stage"] = bool(p.accelerator_type) and p.task == "text"
+        why["tokenize_stage"] = ("a GPU: the engine actor's one thread only feeds the engine" if changes["tokenize_stage"]
+                                 else "vLLM places image tokens itself" if p.task == "vision" else "a CPU: one actor fewer on the cores")
+    if p.stage_cpus is None:
+        changes["stage_cpus"] = 1.0 if p.accelerator_type else 0.1
+        why["stage_cpus"] = ("a GPU: one light task per core, fewer worker processes to start" if p.accelerator_type
+                             else "a CPU: the light stages share the cores the engine leaves")
+    if p.dtype is None and not p.accelerator_type:
+        changes["dtype"], why["dtype"] = _cpu_dtype()
+    if rows is not None and p.accelerator_type and not ({"enforce_eager", "torch_compile"} & given) and rows <= SHORT_GPU_ROWS:
+        changes["enforce_eager"], why["enforce_eager"] = True, f"{rows:,} rows: too few to repay CUDA-graph capture"
+    if rows is not None and not p.accelerator_type and p.world == 1 and rows <= ONE_PROCESS_ROWS[p.task]:
+        changes["one_process"] = True
+        why["one_process"] = f"{rows:,} rows: the model runs in vLLM's engine process, sooner to start, slower to compute"
+    batches = p.max_concurrent_batches
+    low, high = p.actor_pool
+    if rows is not None and low == high > 1 and "max_concurrent_batches" not in given:
+        share = max(1, -(-rows // p.batch_size) // high or 1)
+        if share < 2 * batches:  # Ray hands the replica ready first 2 x max_concurrent_batches: maybe all there are
+            changes["max_tasks_in_flight_per_actor"] = share
+            changes["max_concurrent_batches"] = batches = min(share, batches)
+            why["max_tasks_in_flight_per_actor"] = f"{rows:,} rows: at most {share} batches to a replica at once, so all get some"
+    if "num_blocks" not in given:
+        # Twice the blocks all replicas hold at once, so the replica ready first cannot take them all;
+        # and blocks of at most a batch where the rows are known (a bigger block is one engine task).
+        wanted = max(p.num_blocks, 4 * p.replicas * batches if p.replicas > 1 else 0, -(-(rows or 0) // p.batch_size))
+        if wanted > p.num_blocks:
+            changes["num_blocks"] = wanted
+            why["num_blocks"] = "blocks of at most a batch, and enough that every replica gets some"
+    return p.override(**changes, reasons=tuple(why.items()))
+
+
+def check(p: Preset, rows: int | None = None) -> list[str]:
+    """The throughput guide's rules with numbers: raise :class:`ConfigurationError` on what would fail;
+    return what would waste resources."""
+    errors, warnings = [], []
+    if p.batch_size * p.max_concurrent_batches < p.max_num_seqs:
+        warnings.append(f"batch_size x max_concurrent_batches = {p.batch_size * p.max_concurrent_batches} < max_num_seqs = "
+                        f"{p.max_num_seqs}: the engine can never fill its batch")
+    shape, memory = (p.shape, p.gpu_memory) if p.accelerator_type else (None, None)
+    if p.accelerator_type and memory is None:
+        warnings.append(f"no memory data for GPU type {p.accelerator_type!r}; known: {sorted(GPUS)}")
+    elif p.accelerator_type and shape is not None:
+        budget = memory_budget(memory, p.memory_share)
+        weights = shape.weight_bytes(p.quantization) / p.world
+        kv = shape.kv_bytes_per_token * p.max_num_seqs * p.max_model_len / p.world
+        if weights > budget:
+            errors.append(f"weights need {weights / GIB:.1f} GiB per GPU but a {p.accelerator_type} offers {budget / GIB:.1f} "
+                          "GiB: use more GPUs per replica (tensor_parallel_size) or quantization")
+        elif weights + kv > budget:
+            fits = int((budget - weights) / (shape.kv_bytes_per_token * p.max_model_len / p.world))
+            warnings.append(f"weights {weights / GIB:.1f} GiB + KV cache for {p.max_num_seqs} sequences of {p.max_model_len} "
+                            f"tokens {kv / GIB:.1f} GiB > {budget / GIB:.1f} GiB per {p.accelerator_type}: only ~{fits} "
+                            "full-length sequences fit at once; lower max_model_len or max_num_seqs")
+    gpu = GPUS.get(p.accelerator_type or "")
+    if p.tensor_parallel_size > 1 and gpu and not gpu.nvlink:
+        warnings.append(f"tensor_parallel_size={p.tensor_parallel_size} on {gpu.name} goes over PCIe: prefer replicas")
+    if p.num_blocks < 2 * p.replicas:
+        warnings.append(f"num_blocks={p.num_blocks} < 2 x {p.replicas} replicas: the first batches come slowly")
+    if rows and p.replicas > 1 and -(-rows // p.batch_size) < p.replicas:
+        warnings.append(f"{rows:,} rows make {-(-rows // p.batch_size)} batches for {p.replicas} replicas: lower batch_size")
+    if errors:
+        raise ConfigurationError("Configuration errors:\n  - " + "\n  - ".join(errors))
+    return warnings
+
+
+SHOWN = ("model_source", "accelerator_type", "concurrency", "replicas_per_gpu", "tensor_parallel_size", "batch_size",
+         "max_concurrent_batches", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
+         "enforce_eager", "torch_compile", "tokenize_stage", "stage_cpus", "startup_timeout_s")
+
+
+def table(p: Preset) -> pd.DataFrame:
+    """Each setting: its value, where it came from (the preset, ``ENGINE``, or the kit) and why."""
+    why, rows = dict(p.reasons), []
+    for name in SHOWN:
+        value = p.step_tokens if name == "max_num_batched_tokens" else getattr(p, name)
+        origin = ("MODEL_SOURCE" if name == "model_source" else "ENGINE") if name in p.given else (
+            "the kit" if name in why else f"preset {p.name}")
+        rows.append({"setting": name, "value": repr(value), "from": origin, "why": "" if name in p.given else why.get(name, "")})
+    if p.engine_kwargs:
+        rows.append({"setting": "engine_kwargs", "value": repr(p.engine_kwargs), "from": "ENGINE", "why": "passed to vLLM"})
+    low, high = p.actor_pool
+    rows[2]["why"] = (rows[2]["why"] + "; " if rows[2]["why"] else "") + (
+        f"Ray gets ({low}, {high}): {'a fixed pool, all started at once' if low == high else 'an autoscaling pool'}")
+    return pd.DataFrame(rows, columns=["setting", "value", "from", "why"]).set_index("setting")
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model_path: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def tokenizer(p: Preset):
+    """The model's tokenizer (transformers'), loaded once."""
+    return _tokenizer(p.model_path, p.trust_remote_code)
+
+
+def request_tokens(p: Preset, request: Mapping[str, Any]) -> int:
+    """Tokens of one request as the engine sees it: the chat template applied to its messages, with
+    each image's own vision tokens (the model's processor) and the answer's ``max_tokens``."""
+    messages = request["messages"]
+    images = [part.get("image_pil") for m in messages if isinstance(m["content"], list) for part in m["content"]
+              if part.get("type") != "text"]
+    answer = int(request.get("sampling_params", {}).get("max_tokens") or 0)
+    if not images:
+        tok = tokenizer(p)
+        return len(tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"]) + answer
+    processor = _processor(p.model_path, p.trust_remote_code)
+    parts = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
+              [part if part.get("type") == "text" else {"type": "image"} for part in m["content"]]} for m in messages]
+    prompt = processor.apply_chat_template(parts, tokenize=False, add_generation_prompt=True)
+    return len(processor(text=[prompt], images=images)["input_ids"][0]) + answer
+
+
+@functools.lru_cache(maxsize=4)
+def _processor(model_path: str, trust_remote_code: bool):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+
+
+def fit_context(p: Preset, requests: Sequence[Mapping[str, Any]], quantile: float = 0.99) -> Preset:
+    """``max_model_len`` from the requests your ``preprocess`` sends (their ``quantile`` with the answer,
+    rounded up to 64): spare context costs KV-cache memory, too little fails rows in the engine. Yours
+    (``ENGINE``) is kept, and too short a one refused; "auto" fits its sequences to the new length."""
+    if not requests:
+        return p
+    lengths = sorted(request_tokens(p, r) for r in requests)
+    needed = lengths[min(len(lengths) - 1, math.ceil(quantile * len(lengths)) - 1)]
+    print(f"request tokens over {len(lengths)} rows, the answer included: median {lengths[len(lengths) // 2]}, "
+          f"P{quantile * 100:g} {needed}, max {lengths[-1]}")
+    if "max_model_len" in p.given:
+        if needed > p.max_model_len:
+            raise ConfigurationError(f"max_model_len={p.max_model_len} (ENGINE) is shorter than your requests need "
+                                     f"({needed} tokens at P{quantile * 100:g}, the answer included): raise it, or shorten the prompt")
+        return p
+    length = -(-needed // 64) * 64
+    if length == p.max_model_len:
+        return p
+    reasons = (*p.reasons, ("max_model_len", f"P{quantile * 100:g} of your requests ({needed} tokens), rounded up to 64"))
+    fitted = p.override(max_model_len=length, reasons=reasons)
+    if p.name.startswith("auto") and p.accelerator_type and fitted.shape is not None:
+        free = memory_budget(fitted.gpu_memory, fitted.memory_share) - fitted.shape.weight_bytes() / p.tensor_parallel_size
+        fits = int(free / (fitted.shape.kv_bytes_per_token * length / p.tensor_parallel_size))
+        cap = engine_defaults(p.accelerator_type, fitted.gpu_memory)[1] // p.replicas_per_gpu
+        fitted = fitted.override(max_num_seqs=max(1, min(cap, 2 ** int(math.log2(max(fits, 1))))))
+    check(fitted)
+    return fitted
+
+
+def overview(task: str) -> pd.DataFrame:
+    """The presets for ``task``, one row each, with what the checks find in each on its own hardware."""
+    rows = []
+    for p in PRESETS.values():
+        if p.task != task:
+            continue
+        try:
+            found = "; ".join(check(p)) or "passes"
+        except ConfigurationError as exc:
+            found = str(exc)
+        rows.append({"preset": p.name, "model": p.model_source, "GPU": p.accelerator_type or "CPU",
+                     "replicas": p.concurrency, "GPUs per replica": p.gpus_per_replica, "batch": p.batch_size,
+                     "max_model_len": p.max_model_len, "checks": found, "about": p.description})
+    return pd.DataFrame(rows).set_index("preset")

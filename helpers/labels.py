@@ -1,0 +1,175 @@
+"""The answers a classifier may give: the prompt's parameters checked, the longest label's token budget,
+and each answer's confidence among the labels from the engine's own log-probabilities.
+
+What vLLM returns: with ``logprobs=k``, each generated token's log-probability and the ``k`` likeliest
+others. vLLM 0.29 applies the structured-output mask before its sampler computes them, so each step's
+distribution is over the tokens the labels allow, at temperature 1 whatever ``TEMPERATURE`` samples.
+
+A label's probability is the sum over its spellings of the product of its tokens' probabilities, end
+token included. Walking the answer, each other token at step ``t`` starts a branch of probability
+``P(answer's first t tokens) * p(token)`` that belongs to the one label its text can still become:
+the chosen label's mass and every label that leaves the answer's path are exact. A branch several
+labels share beyond it, and tokens outside the top ``k``, are ``confidence_unresolved``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from helpers.parameters import flag, number_in, raise_if, text
+
+TOP_LOGPROBS = 20  # vLLM's default max_logprobs
+CONFIDENCE, RUNNER_UP, RUNNER_UP_CONFIDENCE, UNRESOLVED = "confidence", "runner_up", "runner_up_confidence", "confidence_unresolved"
+
+
+def check_prompt(labels: Any, task: Any, user_template: Any, temperature: Any, confidence: Any, review_below: Any) -> None:
+    """``LABELS``, ``TASK``, ``USER_TEMPLATE``, ``TEMPERATURE``, ``CONFIDENCE`` and ``REVIEW_BELOW``;
+    raise listing every problem."""
+    found = []
+    if not (isinstance(labels, (list, tuple)) and len(labels) >= 2 and all(isinstance(x, str) and x.strip() for x in labels)):
+        found.append(f"LABELS must be a list of at least two non-empty strings, got {labels!r}")
+    elif len(set(labels)) != len(labels):
+        found.append(f"LABELS has duplicates: {sorted({x for x in labels if list(labels).count(x) > 1})}")
+    found += text("TASK", task)
+    if not isinstance(user_template, str) or "{text}" not in user_template:
+        found.append(f"USER_TEMPLATE must contain '{{text}}', got {user_template!r}")
+    found += number_in("TEMPERATURE", temperature, 0, 2) + flag("CONFIDENCE", confidence)
+    if review_below is not None:
+        found += number_in("REVIEW_BELOW", review_below, 1e-9, 1)
+        if confidence is False:
+            found.append("REVIEW_BELOW needs CONFIDENCE = True: without it no row has a confidence")
+    raise_if(found)
+
+
+def max_tokens(plan: Any, labels: Sequence[str]) -> int:
+    """Tokens the longest answer can take in the model's tokenizer: under a grammar the model may spell a
+    label in finer pieces than the tokenizer's own (one token per character), so each label is counted
+    both ways, plus the end-of-sequence token. Too few, and answers come back cut ("Manufacturi")."""
+    from helpers.config import tokenizer as load
+
+    tokenizer = load(plan) if hasattr(plan, "model_path") else plan
+
+    def count(s: str) -> int:
+        return len(tokenizer.encode(s, add_special_tokens=False))
+
+    return max(max(count(label), sum(count(ch) for ch in label)) for label in labels) + 1
+
+
+def _steps(logprobs) -> list[dict[int, tuple[float, str]]]:
+    """Each step's ``{token id: (logprob, text)}`` however Ray carried them (int or text keys, None entries)."""
+    steps = []
+    for step in logprobs:
+        entries = {}
+        for token, entry in dict(step).items():
+            lp = None if entry is None else entry.get("logprob")
+            if lp is not None and not math.isnan(lp) and lp != -math.inf:  # a masked token: probability 0
+                entries[int(token)] = (float(lp), entry.get("decoded_token") or "")
+        steps.append(entries)
+    return steps
+
+
+def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[dict[str, float], float, str | None]:
+    """Each label's probability, the mass not resolved to one label, and the label the answer spelled."""
+    mass = dict.fromkeys(labels, 0.0)
+    branches: list[tuple[float, str | None]] = []
+    path, prefix, chosen = 0.0, "", None
+    for token, step in zip(tokens, _steps(logprobs)):
+        if int(token) not in step:
+            return mass, 1.0, None  # the answer's own token missing: nothing to say
+        for other, (lp, piece) in step.items():
+            if other != int(token):
+                candidates = [label for label in labels if piece and label.startswith(prefix + piece)]
+                owner = candidates[0] if len(candidates) == 1 else prefix if not candidates and prefix in labels else None
+                branches.append((math.exp(path + lp), owner))
+        lp, piece = step[int(token)]
+        path += lp
+        if prefix in labels and not (piece and any(label.startswith(prefix + piece) for label in labels)):
+            chosen = prefix  # the answer's stop token
+            break
+        prefix += piece
+    if chosen is None and prefix in labels and not any(label != prefix and label.startswith(prefix) for label in labels):
+        chosen = prefix  # no stop token returned: the mask forces one after a label nothing extends
+    if chosen is None:
+        return mass, 1.0, None
+    for p, owner in [*branches, (math.exp(path), chosen)]:
+        if owner is not None:
+            mass[owner] += p
+    return mass, max(0.0, 1.0 - sum(mass.values())), chosen
+
+
+def confidence(row: Mapping[str, Any], labels: Sequence[str]) -> dict[str, Any]:
+    """An answered row's confidence columns for ``postprocess``: the chosen label's probability, the
+    runner-up and its probability, the unresolved mass. None where the engine returned no
+    log-probabilities or the answer is not a label."""
+    none = {CONFIDENCE: None, RUNNER_UP: None, RUNNER_UP_CONFIDENCE: None, UNRESOLVED: None}
+    logprobs, tokens = row.get("logprobs"), row.get("generated_tokens")
+    if logprobs is None or tokens is None or len(logprobs) == 0:
+        return none
+    mass, unresolved, chosen = label_probabilities(list(tokens), list(logprobs), labels)
+    if chosen is None:
+        return none
+    second, runner = max(((p, label) for label, p in mass.items() if label != chosen), default=(0.0, None))
+    return {CONFIDENCE: mass[chosen], RUNNER_UP: runner if second > 0 else None,
+            RUNNER_UP_CONFIDENCE: second, UNRESOLVED: unresolved}
+
+
+def distribution(predictions: pd.DataFrame) -> dict[str, Any]:
+    """The confidences' spread for ``summary.json``: rows with one, mean, quantiles, share under 0.5 and 0.9."""
+    values = predictions[CONFIDENCE].dropna().astype(float) if CONFIDENCE in predictions else pd.Series(dtype=float)
+    if values.empty:
+        return {"rows with a confidence": 0}
+    return {"rows with a confidence": int(len(values)), "mean": round(float(values.mean()), 4),
+            **{f"p{round(q * 100)}": round(float(v), 4) for q, v in values.quantile([0.1, 0.25, 0.5, 0.75, 0.9]).items()},
+            "share under 0.5": round(float((values < 0.5).mean()), 4), "share under 0.9": round(float((values < 0.9).mean()), 4)}
+
+
+def above_thresholds(truth: pd.Series, predicted: pd.Series, conf: pd.Series,
+                     thresholds: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)) -> pd.DataFrame:
+    """For each threshold, the rows at least that confident: how many, their share and their accuracy."""
+    known, rows = conf.notna(), []
+    for t in thresholds:
+        kept = known & (conf >= t)
+        n = int(kept.sum())
+        rows.append({"confidence at least": t, "rows": n, "share of rows": n / max(int(known.sum()), 1),
+                     "accuracy": float((truth[kept] == predicted[kept]).mean()) if n else float("nan")})
+    return pd.DataFrame(rows).set_index("confidence at least")
+
+
+def reliability(truth: pd.Series, predicted: pd.Series, conf: pd.Series, bins: int = 10) -> pd.DataFrame:
+    """Accuracy per confidence bin: a calibrated model's accuracy equals its confidence."""
+    import numpy as np
+
+    known = conf.notna()
+    grouped = pd.DataFrame({"bin": pd.cut(conf[known].astype(float), np.linspace(0, 1, bins + 1), include_lowest=True),
+                            "right": (truth[known] == predicted[known]).astype(float),
+                            "confidence": conf[known].astype(float)}).groupby("bin", observed=False)
+    return pd.DataFrame({"rows": grouped.size(), "mean confidence": grouped["confidence"].mean(),
+                         "accuracy": grouped["right"].mean()})
+
+
+def plot_reliability(table: pd.DataFrame, path=None, title: str = "Confidence against accuracy"):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    shown = table[table["rows"] > 0]
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="calibrated")
+    ax.plot(shown["mean confidence"], shown["accuracy"], marker="o", label="this run")
+    for _, row in shown.iterrows():
+        ax.annotate(f"{int(row['rows'])}", (row["mean confidence"], row["accuracy"]), textcoords="offset points",
+                    xytext=(4, -10), fontsize=8)
+    ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (mean per bin; rows per bin marked)", ylabel="accuracy", title=title)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def review(predictions: pd.DataFrame, below: float) -> pd.DataFrame:
+    """The rows less confident than ``below``, least confident first (rows without one left out)."""
+    conf = predictions.get(CONFIDENCE, pd.Series(index=predictions.index, dtype=float))
+    rows = predictions[conf.notna() & (conf.astype(float) < below)]
+    return rows.sort_values(CONFIDENCE, kind="stable").reset_index(drop=True)
