@@ -199,9 +199,9 @@ class Needs:
 def gpu_problems(cluster: Mapping[str, Any], gpu_type: str, per_replica: float, replicas: int) -> list[str]:
     """What ``cluster`` lacks for ``replicas`` engines of ``per_replica`` GPUs each, node by node."""
     label = ray_label(gpu_type)
-    if f"accelerator_type:{label}" not in cluster:
-        types = sorted(k.split(":", 1)[1] for k in cluster if k.startswith("accelerator_type:"))
-        return [f"ACCELERATOR_TYPE={gpu_type!r} is not in the cluster (it has: {types or 'none'})"]
+    types = sorted({str(n["gpu_type"]) for n in cluster.get("nodes", []) if n["gpus"]})
+    if label not in types:
+        return [f"accelerator_type={gpu_type!r} is not in the cluster (it has: {types or 'no GPUs'})"]
     gpus = choose(cluster, label)
     fit = (sum(int(n / per_replica + 1e-9) for n in gpus.per_node) if per_replica < 1
            else gpus.replicas(math.ceil(per_replica - 1e-9)))
@@ -242,9 +242,27 @@ class UnschedulableError(Explained, RuntimeError):
 # --- a cluster's autoscaler ------------------------------------------------------------------------
 
 
+def autoscaler_kind(v2_flag: bytes | None, status: bytes | None, now: float) -> str | None:
+    """What the GCS's records say of the cluster's autoscaler: ``"v2"`` (it marks itself), ``"v1"`` (Ray's
+    monitor's report, ``ray status``'s source, names node types of a cluster configuration), None (a
+    fresh report of only ``node_<id>`` types: a cluster started without ``--autoscaling-config``,
+    nothing can add a node) or ``"unknown"`` (no report, a stale one, or a platform's own autoscaler)."""
+    if v2_flag == b"1":
+        return "v2"
+    try:
+        report = json.loads(status or b"")
+    except ValueError:
+        return "unknown"
+    summary = report.get("autoscaler_report") if now - float(report.get("time", 0)) <= 60 else None
+    types = {*(summary.get("active_nodes") or {}), *(summary.get("idle_nodes") or {}), *(summary.get("pending_launches") or {}),
+             *(n[1] for n in summary.get("pending_nodes") or [])} if summary else set()
+    if not types:
+        return "unknown"
+    return "v1" if any(not (t.startswith("node_") and len(t) == 61) for t in types) else None
+
+
 def detect_autoscaler(wait_s: float = 12) -> str | None:
-    """``"v2"``, ``"v1"``, None (Ray's monitor reports a cluster it cannot grow: only ``node_<id>`` types,
-    no ``--autoscaling-config``) or ``"unknown"`` (no report yet, or a platform's own autoscaler)."""
+    """:func:`autoscaler_kind` of this cluster, waiting up to ``wait_s`` for a monitor's first report."""
     # Ray 2.60 internal: the autoscaler's records in the GCS, as `ray status` reads them.
     import ray._raylet as raylet
     from ray._private import ray_constants
@@ -252,18 +270,9 @@ def detect_autoscaler(wait_s: float = 12) -> str | None:
 
     deadline = time.monotonic() + wait_s
     while True:
-        if _internal_kv_get(raylet.GCS_AUTOSCALER_V2_ENABLED_KEY, namespace=raylet.GCS_AUTOSCALER_STATE_NAMESPACE) == b"1":
-            return "v2"
-        kind = "unknown"
-        try:
-            report = json.loads(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS) or b"")
-            summary = report.get("autoscaler_report") if time.time() - float(report.get("time", 0)) <= 60 else None
-            types = {*(summary.get("active_nodes") or {}), *(summary.get("idle_nodes") or {}),
-                     *(summary.get("pending_launches") or {}), *(n[1] for n in summary.get("pending_nodes") or [])} if summary else set()
-            if types:
-                kind = "v1" if any(not (t.startswith("node_") and len(t) == 61) for t in types) else None
-        except ValueError:
-            pass
+        kind = autoscaler_kind(_internal_kv_get(raylet.GCS_AUTOSCALER_V2_ENABLED_KEY,
+                                                namespace=raylet.GCS_AUTOSCALER_STATE_NAMESPACE),
+                               _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS), time.time())
         if kind != "unknown" or time.monotonic() >= deadline:
             return kind
         time.sleep(2)

@@ -54,10 +54,12 @@ class ConfigurationError(Explained, ValueError):
     """A configuration that would fail or waste its resources; the message says which rule and why."""
 
 
-def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any = None, limit: Any = None) -> Preset:
-    """``PRESET`` (``"auto"``: fitted to the GPUs found), with ``MODEL_SOURCE`` and ``ENGINE`` on top, and
-    what a run of its rows changes (``LIMIT``, else the ``source``'s where known); the model prepared,
-    the checks passed (errors raise, warnings printed). Every parameter is checked first."""
+def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any = None, limit: Any = None,
+        gpus: Mapping[str, Any] | None = None) -> Preset:
+    """``PRESET`` (``"auto"``: fitted to the GPUs found, or to ``gpus``, a description as
+    :func:`helpers.cluster.visible` gives), with ``MODEL_SOURCE`` and ``ENGINE`` on top, and what a run
+    of its rows changes (``LIMIT``, else the ``source``'s where known); the model prepared, the checks
+    passed (errors raise, warnings printed). Every parameter is checked first."""
     problems = [f"PRESET must be one of {names(task)}, got {preset!r}"] if preset not in names(task) else []
     problems += text("MODEL_SOURCE", model_source, optional=True) + positive_int("LIMIT", limit, optional=True)
     problems += check_engine(engine)
@@ -69,7 +71,8 @@ def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any =
     if preset == "auto":
         wanted = given.get("accelerator_type")
         count = given["concurrency"] if is_int(given.get("concurrency")) else 1
-        seen = cluster.visible(wait_s=given.get("startup_timeout_s", 600), wanted=(wanted, count) if wanted else None)
+        seen = gpus if gpus is not None else cluster.visible(wait_s=given.get("startup_timeout_s", 600),
+                                                             wanted=(wanted, count) if wanted else None)
         chosen = _auto(task, seen, given)
     else:
         chosen = PRESETS[preset]

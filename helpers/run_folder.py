@@ -331,6 +331,24 @@ class Run:
         return f"results in {self.where}: {', '.join(self.files)}"
 
 
+def current_run(where: Location) -> str:
+    """The id of the run ``where``'s ``run.json`` records ("" for none)."""
+    return str(_record(where).get("run", ""))
+
+
+def add_file(where: Location, local: Path, name: str) -> None:
+    """Copy ``local`` into ``where`` as ``name``, a file of the run its ``run.json`` records (the job
+    runner's report, written once the notebook ended); a file of that name the run did not write is
+    moved to ``earlier/`` first."""
+    record = _record(where)
+    if name not in record.get("files", []):
+        if (where / name).exists():
+            (where / name).move_to(where / EARLIER / f"{name}-{uuid.uuid4().hex[:8]}")
+        record["files"] = [*record.get("files", []), name]
+        (where / RUN_FILE).write_text(json.dumps(record, indent=2, default=str))
+    (where / name).upload(local)
+
+
 def every_node_sees(folder: Path, timeout_s: float = 120) -> None:
     """On several nodes, a marker written here must read back on each: Ray writes each block's results
     on the node that holds it, and a folder only this machine sees would scatter them (rows lost)."""

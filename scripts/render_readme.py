@@ -25,9 +25,9 @@ def parameter_rows(notebook: Path) -> list[tuple[str, str, str]]:
     """(name, default, comment) for each parameter of the notebook's parameters cell."""
     nb = nbformat.read(notebook, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    from helpers import params
+    from helpers import parameters
 
-    return [(p.name, p.source, p.comment) for p in params.parse_cell(cell.source)]
+    return [(p.name, p.source, p.comment) for p in parameters.parse_cell(cell.source)]
 
 
 def table(notebook: Path) -> str:
@@ -42,15 +42,14 @@ PRESETS_BLOCK = re.compile(r"(<!-- presets -->\n)(?P<body>.*?)(<!-- /presets -->
 
 
 def presets_table() -> str:
-    from helpers import presets
+    from helpers.presets import PRESETS
 
     lines = ["| preset | model | GPU | replicas x GPUs each | batch | max_model_len | blocks | about |",
              "|---|---|---|---|---|---|---|---|"]
     for task in ("text", "vision"):
-        for row in presets.overview(task):
-            lines.append(f"| `{row['preset']}` | {row['model']} | {row['GPU']} | {row['replicas']} x "
-                         f"{row['GPUs per replica']} | {row['batch']} | {row['max_model_len']} | {row['blocks']} | "
-                         f"{row['about']} |")
+        for p in (p for p in PRESETS.values() if p.task == task):
+            lines.append(f"| `{p.name}` | {p.model_source} | {p.accelerator_type or 'CPU'} | {p.concurrency} x "
+                         f"{p.gpus_per_replica:g} | {p.batch_size} | {p.max_model_len} | {p.num_blocks} | {p.description} |")
     return "\n".join(lines) + "\n"
 
 

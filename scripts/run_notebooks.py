@@ -36,26 +36,26 @@ def parse_value(text: str) -> object:
 
 def defaults(name: str) -> dict[str, object]:
     """The notebook's parameters and their default values, read from its ``parameters`` cell
-    (``NAME = literal  # comment``, see :func:`helpers.params.parse_cell`)."""
+    (``NAME = literal  # comment``, see :func:`helpers.parameters.parse_cell`)."""
     import nbformat
 
-    from helpers import params
+    from helpers import parameters
 
     nb = nbformat.read(NOTEBOOKS[name], as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    return {p.name: p.value for p in params.parse_cell(cell.source)}
+    return {p.name: p.value for p in parameters.parse_cell(cell.source)}
 
 
 def check_names(names: list[str], overrides: dict[str, object]) -> None:
-    """Raise :class:`helpers.params.ParameterError` if an override is not a parameter of each notebook
+    """Raise :class:`helpers.parameters.ParameterError` if an override is not a parameter of each notebook
     in ``names``, naming the closest one: papermill only warns, and a mistyped ``-p LIMT 10000`` would
     run the whole input on paid GPUs. Checked before any kernel starts."""
-    from helpers import params
+    from helpers import parameters
 
-    problems = [p for name in names for p in params.unknown_names(overrides, defaults(name), name)]
+    problems = [p for name in names for p in parameters.unknown_names(overrides, defaults(name), name)]
     if problems and len(names) > 1:
         problems.append("a parameter that only one notebook has: run that notebook alone, with --only NAME")
-    params.validate(problems)
+    parameters.raise_if(problems)
 
 
 def kernel_manager_class():
@@ -109,17 +109,15 @@ def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path
     The executed notebook and its HTML are written to a staging folder while the notebook runs, and
     copied into the output folder when it ends (also when it failed): see :func:`publish_report`.
     """
-    from helpers import output_dir, storage
-    from helpers.location import Location
+    import tempfile
+
+    from helpers import run_folder, storage
 
     check_names([name], overrides)  # before anything is claimed or started
-    target = Location.of(out_root) / name
-    if target.remote:
-        output_dir.claim_location(target)  # reachable, writable, and the kit's: before the kernel starts
-        out: Path | str = target.uri
-    else:
-        out = output_dir.claim_output_dir(target.uri)  # refuses a folder that is not the kit's
-    staging = output_dir.staging_folder(target / "report")
+    target = storage.Location.of(out_root) / name
+    run_folder.open_folder(target.uri)  # the kit's, reachable, no run in it: before the kernel starts
+    before = run_folder.current_run(target)
+    staging = Path(tempfile.mkdtemp(prefix="llm-batch-kit-report-"))
     executed, html = staging / f"{name}.ipynb", staging / f"{name}.html"
     parameters = {"OUTPUT_DIR": target.uri, **overrides}
     print(f"[{name}] running with {storage.redact_all(parameters)}", flush=True)
@@ -128,37 +126,36 @@ def run(name: str, out_root: Path | str, overrides: dict[str, object], cwd: Path
     finally:
         redact_notebook(executed, parameters)
         render_report(executed, html)
-        shown = publish_report(target, name, [executed, html])
+        shown = publish_report(target, name, [executed, html], started=run_folder.current_run(target) != before)
         shutil.rmtree(staging, ignore_errors=True)
     print(f"[{name}] done: open {shown}", flush=True)
-    return out
+    return target.uri if target.remote else Path(target.path)
 
 
-def publish_report(target, name: str, reports: list[Path]) -> str:
+def publish_report(target, name: str, reports: list[Path], started: bool) -> str:
     """Copy ``reports`` (``<name>.ipynb``, ``<name>.html``) into ``target`` (a
-    :class:`helpers.location.Location`); return where the HTML is, as shown to a person.
+    :class:`helpers.storage.Location`); return where the HTML is, as shown to a person.
 
-    No report overwrites another. A run that claimed ``target`` moved the earlier run's report to
-    ``earlier/`` with its results (:func:`helpers.output_dir.prepare_output_dir`), so its own takes
-    the usual name. A run that stopped before that (an interrupted run it would not resume, a bad
-    parameter) left ``target`` as it was: its report is written beside the earlier one, as
-    ``<name>-<UTC time>.ipynb`` (and ``.html``), and the next run that claims the folder moves both
-    aside."""
+    No report overwrites another. Where the notebook ``started`` a run, the reports are that run's
+    files (recorded in its ``run.json``: the next run moves them to ``earlier/``). A notebook that
+    stopped before (a bad parameter, an interrupted run it would not resume) left the folder as it
+    was: its report goes beside the others as ``<name>-<UTC time>.html``, and nothing is moved."""
     import time
 
-    from helpers.outputs import REPORT_SUFFIXES
+    from helpers import run_folder
 
-    stem, n = name, 1
-    stamp = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime())
-    while any((target / f"{stem}{suffix}").exists() for suffix in REPORT_SUFFIXES):
-        n += 1
-        stem = f"{name}-{stamp}" + (f"-{n}" if n > 2 else "")
-    if stem != name:
-        print(f"[{name}] {target} still holds an earlier run's report: this run's is {stem}.html beside it",
-              flush=True)
+    stem = name
+    if not started:
+        stem = f"{name}-{time.strftime('%Y-%m-%dT%H-%M-%SZ', time.gmtime())}"
+        while (target / f"{stem}.html").exists():
+            stem += "-2"
+        print(f"[{name}] the notebook stopped before its run started: its report is {stem}.html", flush=True)
     for report in reports:
         if report.is_file():
-            (target / f"{stem}{report.suffix}").upload(report)
+            if started:
+                run_folder.add_file(target, report, f"{stem}{report.suffix}")
+            else:
+                (target / f"{stem}{report.suffix}").upload(report)
     return str(target / f"{stem}.html")
 
 
@@ -207,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     overrides = {name: parse_value(value) for name, value in args.p}
     names = args.only or sorted(NOTEBOOKS)
-    from helpers.params import ParameterError
+    from helpers.parameters import ParameterError
 
     try:
         check_names(names, overrides)  # every notebook's, before the first one starts

@@ -87,12 +87,31 @@ def local_ray():
     Each run builds its own dataset and stages; Ray Data ends a run's actors with the run."""
     import ray
 
-    from helpers import cluster
-
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, address="local")
-    cluster.parquet_reads_without_footer_actors()  # as the notebooks' start_ray sets it
+    ray.data.DataContext.get_current().use_datasource_v2 = False  # as cluster.start sets it
     yield ray
     ray.shutdown()
+
+
+def notebook_cells(name: str) -> list:
+    """The code cells of ``notebooks/NAME.ipynb``."""
+    import nbformat
+
+    return [c for c in nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4).cells if c.cell_type == "code"]
+
+
+def run_cells(name: str, upto: str, **parameters) -> dict:
+    """Run ``name``'s code cells in this process, its parameters cell followed by ``parameters`` (as
+    papermill injects them), up to and including the first cell whose source holds ``upto``; return
+    the namespace."""
+    namespace: dict = {}
+    for cell in notebook_cells(name):
+        exec(compile(cell.source, f"<{name}>", "exec"), namespace)
+        if "parameters" in cell.metadata.get("tags", []):
+            namespace.update(parameters)
+        if upto in cell.source:
+            return namespace
+    raise AssertionError(f"no cell of {name} holds {upto!r}")
 
 
 def parameterised_notebook(path: Path, parameters: str, *code: str) -> Path:
@@ -167,9 +186,9 @@ def blip_shards() -> dict[str, dict[str, str]]:
     """The stand-in Hub's BLIP3o-style shards (``hub``): shard -> {key: the sample file it holds}. Each
     shard holds the kit's whole corpus of awkward and broken images under keys from 000000, as each
     shard of BLIP3o numbers its own samples; the second also a sample whose image is missing."""
-    from helpers import sample_images
+    from helpers import image_data
 
-    names = sorted(sample_images.sample_files())
+    names = sorted(image_data.sample_files())
     shards = {f"shard-{n:03d}.tar": {f"{i:06d}": name for i, name in enumerate(names)} for n in range(2)}
     shards["shard-001.tar"][f"{len(names):06d}"] = "no image field"
     return shards
@@ -183,9 +202,9 @@ def blip_samples() -> dict[str, str]:
 
 def blip_shard_bytes() -> dict[str, bytes]:
     """:func:`blip_shards` as tar files (name -> bytes): ``<key>.jpg`` and a ``<key>.txt`` caption each."""
-    from helpers import sample_images
+    from helpers import image_data
 
-    files = sample_images.sample_files()
+    files = image_data.sample_files()
     shards = {}
     for shard, samples in blip_shards().items():
         members = {}
