@@ -23,17 +23,21 @@ from helpers.presets import GPUS, ray_label
 # --- the GPUs ------------------------------------------------------------------------------------
 
 
-def local_gpus() -> tuple[int, str | None, float | None]:
-    """This machine's CUDA GPUs (those ``CUDA_VISIBLE_DEVICES`` leaves): count, the first one's name and
-    memory in GiB, from the driver's library. Not torch: importing it took 3-10 s of the first cell on
-    GPU machines and starts CUDA in the kernel. Any driver error reads as no GPU, as torch reads it."""
-    driver = None
+def _driver() -> Any:
     for name in ("libcuda.so.1", "libcuda.so"):
         try:
-            driver = ctypes.CDLL(name)
-            break
+            return ctypes.CDLL(name)
         except OSError:
             continue
+    return None
+
+
+def local_gpus(driver: Any = None) -> tuple[int, str | None, float | None]:
+    """This machine's CUDA GPUs (those ``CUDA_VISIBLE_DEVICES`` leaves): count, the first one's name and
+    memory in GiB, from the driver's library (``driver``: found on the loader's path). Not torch:
+    importing it took 3-10 s of the first cell on GPU machines and starts CUDA in the kernel. Any driver
+    error reads as no GPU, as torch reads it."""
+    driver = _driver() if driver is None else driver
     count, device, memory, text = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_size_t(0), ctypes.create_string_buffer(256)
     try:
         if (driver is None or driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0

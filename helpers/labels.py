@@ -71,19 +71,19 @@ def _steps(logprobs) -> list[dict[int, tuple[float, str]]]:
     return steps
 
 
-def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[dict[str, float], float, str | None]:
-    """Each label's probability, the mass not resolved to one label, and the label the answer spelled."""
-    mass = dict.fromkeys(labels, 0.0)
-    branches: list[tuple[float, str | None]] = []
+def branches(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[list[tuple[str, float, str | None]], str | None]:
+    """The answer's branches: each other token's text, its whole probability and the one label it can
+    still become (None: several, or none), the answer's own path last; and the label the answer spelled."""
+    found: list[tuple[str, float, str | None]] = []
     path, prefix, chosen = 0.0, "", None
     for token, step in zip(tokens, _steps(logprobs)):
         if int(token) not in step:
-            return mass, 1.0, None  # the answer's own token missing: nothing to say
+            return found, None  # the answer's own token missing: nothing to say
         for other, (lp, piece) in step.items():
             if other != int(token):
                 candidates = [label for label in labels if piece and label.startswith(prefix + piece)]
                 owner = candidates[0] if len(candidates) == 1 else prefix if not candidates and prefix in labels else None
-                branches.append((math.exp(path + lp), owner))
+                found.append((prefix + piece, math.exp(path + lp), owner))
         lp, piece = step[int(token)]
         path += lp
         if prefix in labels and not (piece and any(label.startswith(prefix + piece) for label in labels)):
@@ -92,9 +92,16 @@ def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str]) 
         prefix += piece
     if chosen is None and prefix in labels and not any(label != prefix and label.startswith(prefix) for label in labels):
         chosen = prefix  # no stop token returned: the mask forces one after a label nothing extends
-    if chosen is None:
-        return mass, 1.0, None
-    for p, owner in [*branches, (math.exp(path), chosen)]:
+    if chosen is not None:
+        found.append((chosen, math.exp(path), chosen))
+    return found, chosen
+
+
+def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[dict[str, float], float, str | None]:
+    """Each label's probability, the mass not resolved to one label, and the label the answer spelled."""
+    mass = dict.fromkeys(labels, 0.0)
+    found, chosen = branches(tokens, logprobs, labels)
+    for _, p, owner in found if chosen is not None else []:
         if owner is not None:
             mass[owner] += p
     return mass, max(0.0, 1.0 - sum(mass.values())), chosen

@@ -49,8 +49,7 @@ class ResultsMovedError(Explained, RuntimeError):
 
 def _committed(where: Location) -> list[Location]:
     """Ray's committed checkpoint files (ids of finished rows), not a killed write's ``.pending`` ones."""
-    folder = where / CHECKPOINT
-    return [f for sub in folder.children() for f, _ in (folder / sub).files() if not f.name.endswith(".pending.parquet")]
+    return [f for f, _ in (where / CHECKPOINT).files() if not f.name.endswith(".pending.parquet")]
 
 
 def _record(where: Location) -> dict[str, Any]:
@@ -242,7 +241,7 @@ class RunFolder:
         settings = storage.redact_all({
             **settings, "model": plan.model_source, "max_model_len": plan.max_model_len, "dtype": plan.dtype,
             "quantization": plan.quantization, "request": describe(functions.request),
-            "postprocess": functions.postprocess_code})
+            "postprocess": functions.postprocess_code, "columns": list(functions.columns)})
         fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
         record = _record(self.where)
         done = _committed(self.where)

@@ -87,6 +87,8 @@ def local_ray():
     Each run builds its own dataset and stages; Ray Data ends a run's actors with the run."""
     import ray
 
+    # Ray's workers import the functions a test hands them from the test's own module.
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=2, log_to_driver=False, include_dashboard=False, address="local")
     ray.data.DataContext.get_current().use_datasource_v2 = False  # as cluster.start sets it
     yield ray

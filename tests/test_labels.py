@@ -1,0 +1,155 @@
+"""Labels: the prompt's parameters, the answer's token budget, and each answer's confidence from the
+answer's log-probabilities, checked against vLLM itself."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from helpers import labels
+
+LABELS = ["Law Firm", "Real Estate", "Retail", "Tech", "Technology"]
+
+
+def step(**tokens):
+    """One generated step: ``{token id: {"logprob", "rank", "decoded_token"}}`` as Ray returns it."""
+    return {int(k[1:]): {"logprob": math.log(p) if p > 0 else -math.inf, "rank": 0, "decoded_token": text}
+            for k, (text, p) in tokens.items()}
+
+
+def test_the_answer_budget_covers_the_finest_spelling_plus_the_stop(smollm2_path):
+    class PerChar:
+        def encode(self, text, add_special_tokens=False):
+            return list(text) if len(text) == 1 else [text]
+
+    assert labels.max_tokens(PerChar(), ["Retail", "Law Firm"]) == len("Law Firm") + 1
+    from transformers import AutoTokenizer
+
+    real = labels.max_tokens(AutoTokenizer.from_pretrained(smollm2_path), ["Manufacturing", "Retail"])
+    assert real == len("Manufacturing") + 1  # SmolLM2 splits it into fewer tokens; the grammar may not
+
+
+def test_labels_sharing_first_tokens_and_stop_tokens_get_their_branches_and_the_rest_is_unresolved():
+    # "Real Estate" answered as "Real" + " Estate" + end: "Ret" leaves for Retail at step 0; "Re" and
+    # "Te" could still become two labels each: unresolved.
+    steps = [step(t1=("Real", 0.6), t2=("Ret", 0.25), t3=("Re", 0.05), t4=("Te", 0.04), t5=("Law", 0.06)),
+             step(t6=(" Estate", 0.9), t7=(" E", 0.1)),
+             step(t0=("<|im_end|>", 1.0), t8=("x", 0.0))]  # a masked token in the top k: probability 0
+    mass, unresolved, chosen = labels.label_probabilities([1, 6, 0], steps, LABELS)
+    assert chosen == "Real Estate"
+    assert mass == pytest.approx({"Law Firm": 0.06, "Real Estate": 0.6, "Retail": 0.25, "Tech": 0, "Technology": 0})
+    assert unresolved == pytest.approx(0.09) and sum(mass.values()) + unresolved == pytest.approx(1)
+    steps = [step(t4=("Tech", 0.9), t5=("Law", 0.1)), step(t0=("<|im_end|>", 0.7), t7=("nology", 0.3))]
+    mass, unresolved, chosen = labels.label_probabilities([4, 0], steps, LABELS)
+    assert chosen == "Tech" and mass["Tech"] == pytest.approx(0.63) and mass["Technology"] == pytest.approx(0.27)
+
+
+def test_the_columns_read_the_logprobs_as_ray_may_carry_them_and_say_nothing_without_them():
+    steps = [{"1": {"logprob": math.log(0.7), "rank": 1, "decoded_token": "Retail"}, "9": None,
+              "2": {"logprob": math.log(0.3), "rank": 2, "decoded_token": "Law"}},
+             {"0": {"logprob": 0.0, "rank": 1, "decoded_token": "</s>"}}]
+    row = {"generated_text": "Retail", "generated_tokens": [1, 0], "logprobs": steps}
+    assert labels.confidence(row, LABELS) == pytest.approx(
+        {"confidence": 0.7, "runner_up": "Law Firm", "runner_up_confidence": 0.3, "confidence_unresolved": 0.0})
+    nothing = dict.fromkeys(["confidence", "runner_up", "runner_up_confidence", "confidence_unresolved"])
+    assert labels.confidence({**row, "logprobs": None}, LABELS) == nothing
+    assert labels.confidence({**row, "generated_tokens": [5, 0]}, LABELS) == nothing  # not the answer's tokens
+    lone = {**row, "logprobs": [{"1": {"logprob": 0.0, "decoded_token": "Retail"}}, steps[1]]}
+    assert labels.confidence(lone, LABELS)["runner_up"] is None
+
+
+def test_review_thresholds_reliability_and_the_distribution():
+    rows = pd.DataFrame({"row_id": list("abcde"), "confidence": [0.9, 0.2, None, 0.45, 0.5]})
+    assert labels.review(rows, 0.5)["row_id"].tolist() == ["b", "d"]
+    truth, predicted = pd.Series(["A", "A", "B", "B", "A"]), pd.Series(["A", "B", "B", "B", "A"])
+    conf = pd.Series([0.95, 0.4, 0.8, None, 0.6])
+    table = labels.above_thresholds(truth, predicted, conf, thresholds=(0.0, 0.5, 0.9))
+    assert table["rows"].tolist() == [4, 3, 1] and table["accuracy"].tolist() == pytest.approx([0.75, 1.0, 1.0])
+    bins = labels.reliability(truth, predicted, conf, bins=2)
+    assert bins["rows"].tolist() == [1, 3] and bins["accuracy"].tolist() == pytest.approx([0.0, 1.0])
+    spread = labels.distribution(pd.DataFrame({"confidence": conf}))
+    assert spread["rows with a confidence"] == 4 and spread["share under 0.5"] == 0.25 and spread["p50"] == 0.7
+    assert labels.distribution(pd.DataFrame({"x": [1]})) == {"rows with a confidence": 0}
+
+
+ENGINE_SCRIPT = """
+import json, os, sys
+from helpers import cluster, config, labels
+from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMOutputData
+from vllm import LLM, SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+
+def main():
+    folder, cases, p = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    plan = config.fit("text", "auto", folder, {}, gpus={"CPU": 2.0, "GPU": 0.0, "nodes": []})
+    os.environ.update(cluster.engine_env(plan, joined=False))
+    llm = LLM(model=folder, **plan.engine_args, max_logprobs=p["FULL"], seed=0)
+    results = []
+    for names, choices in cases:
+        max_tokens = labels.max_tokens(llm.get_tokenizer(), choices)
+        messages = [[{"role": "system", "content": f"{p['TASK']} Answer with exactly one of: {', '.join(choices)}."},
+                     {"role": "user", "content": p["USER_TEMPLATE"].format(text=n)}] for n in names]
+        choice = StructuredOutputsParams(choice=choices)
+        def chat(**sampling):
+            return llm.chat(messages, SamplingParams(max_tokens=max_tokens, structured_outputs=choice, **sampling), use_tqdm=False)
+        kit, full = chat(temperature=0.0, logprobs=labels.TOP_LOGPROBS), chat(temperature=0.0, logprobs=p["FULL"])
+        sampled = chat(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, n=p["SAMPLES"], seed=0)
+        for name, k, f, s in zip(names, kit, full, sampled):
+            row = vLLMOutputData.from_vllm_engine_output(k).model_dump()  # what Ray's engine stage returns
+            f = vLLMOutputData.from_vllm_engine_output(f).model_dump()
+            mass, unresolved, chosen = labels.label_probabilities(f["generated_tokens"], f["logprobs"], choices)
+            found, _ = labels.branches(f["generated_tokens"], f["logprobs"], choices)
+            results.append({"name": name, "labels": choices, "kit": labels.confidence(row, choices),
+                            "answer": row["generated_text"], "full": mass, "full_unresolved": unresolved,
+                            "full_chosen": chosen, "shared": [(t, q) for t, q, label in found if label is None],
+                            "allowed": [sum(1 for e in st.values() if e["logprob"] > float("-inf")) for st in f["logprobs"]],
+                            "step_sums": [sum(2.718281828459045 ** e["logprob"] for e in st.values()) for st in f["logprobs"]],
+                            "samples": [o.text for o in s.outputs]})
+    print("RESULT " + json.dumps(results), flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+SHARED = ["Health Care", "Health Insurance", "Technology", "Retail"]  # two share their first token
+
+
+@pytest.mark.slow
+def test_the_kits_confidence_is_the_probability_vllm_gives_each_label_under_the_same_constraint(repo, smollm2_path, tmp_path):
+    """One engine, SmolLM2, the notebook's prompt and choice constraint, three requests per company:
+    the kit's (greedy, the notebook's logprobs, read through Ray's conversion of vLLM's output); every
+    allowed token (each step's probabilities then sum to 1: vLLM's logprobs are after the mask); and
+    sampling at temperature 1, where labels come at the frequencies the model gives them."""
+    from conftest import load_script
+
+    defaults = load_script("run_notebooks").defaults("text_classification")
+    samples = 300
+    cases = [(["Walmart", "Pfizer", "Zillow"], defaults["LABELS"]), (["Aetna", "Microsoft"], SHARED)]
+    p = {k: defaults[k] for k in ("TASK", "USER_TEMPLATE")} | {"FULL": 400, "SAMPLES": samples}
+    script = tmp_path / "engine.py"
+    script.write_text(ENGINE_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(smollm2_path), json.dumps(cases), json.dumps(p)],
+                          capture_output=True, text=True, timeout=900, cwd=repo)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stderr[-3000:]
+    for row in json.loads(lines[0].split(" ", 1)[1]):
+        choices, kit, full = row["labels"], row["kit"], row["full"]
+        assert all(n < p["FULL"] for n in row["allowed"])  # every allowed token came back
+        assert row["step_sums"] == pytest.approx([1.0] * len(row["step_sums"]), abs=1e-3)
+        assert row["full_unresolved"] == pytest.approx(sum(q for _, q in row["shared"]), abs=2e-3)
+        assert all(text and sum(c.startswith(text) for c in choices) >= 2 for text, _ in row["shared"])
+        assert row["full_chosen"] == row["answer"] in choices
+        slack = 1e-3 + kit["confidence_unresolved"]
+        assert kit["confidence"] == pytest.approx(full[row["answer"]], abs=slack)
+        assert kit["runner_up_confidence"] == pytest.approx(max(full[c] for c in choices if c != row["answer"]), abs=slack)
+        counts = pd.Series(row["samples"]).value_counts()
+        assert set(counts.index) <= set(choices)
+        for choice in choices:
+            q = full[choice]
+            tolerance = 4 * math.sqrt(max(q * (1 - q), 0.01) / samples) + row["full_unresolved"]
+            assert counts.get(choice, 0) / samples == pytest.approx(q, abs=tolerance), (row["name"], choice, dict(counts))

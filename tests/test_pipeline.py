@@ -1,0 +1,217 @@
+"""Around the processor: your functions guarded, every row written once with the columns your
+postprocess returns, resumed after a failure, the start watched; on a real local Ray with a stand-in
+engine (Ray Data LLM's own pre- and postprocess wrappers around it), so each test takes seconds."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from helpers import data, pipeline, progress, report, run_folder
+from helpers.pipeline import ENGINE, POSTPROCESS, REJECTED
+from helpers.presets import PRESETS
+
+LABELS = ["Retail", "Finance"]
+
+
+def preprocess(row):
+    if row["name"] == "raise":
+        raise ValueError("no prompt for this one")
+    return {"messages": [{"role": "user", "content": row["name"]}], "sampling_params": {"max_tokens": 4}}
+
+
+def postprocess(row):
+    if row["name"] == "bad answer":
+        raise KeyError("missing")
+    return {"predicted_label": row["generated_text"], "answer_chars": len(row["generated_text"])}
+
+
+def checked(post=postprocess):
+    return pipeline.checked(preprocess, post, {"name": "Walmart"}, keep=["id", "name"])
+
+
+def stand_in_processor(functions, fail_file=None, sleep_s=0.0):
+    """What ``build_processor`` makes, with a stand-in engine: Ray Data LLM's wrappers around your
+    functions; rows named "engine fails" come back with the engine's error."""
+    from ray.llm._internal.batch.stages.base import wrap_postprocess, wrap_preprocess
+
+    def engine(batch: pd.DataFrame) -> pd.DataFrame:
+        if fail_file and os.path.exists(fail_file) and (batch["__data"].map(lambda d: d["id"]) == "39").any():
+            time.sleep(5)  # the other batches are written first
+            raise RuntimeError("the node went away")  # the whole task: Ray's own failure, not a row's
+        time.sleep(sleep_s)
+        rows = []
+        for d in batch["__data"]:
+            d = dict(d)
+            if not d.get("__inference_error__") and d["name"] == "engine fails":
+                d["__inference_error__"] = "RuntimeError: engine died on this one"
+            elif not d.get("__inference_error__"):
+                d.update(generated_text=LABELS[len(d["name"]) % 2], generated_tokens=[1, 2], num_input_tokens=7,
+                         num_generated_tokens=2)
+            rows.append({"__data": d})
+        return pd.DataFrame(rows)
+
+    def processor(ds):
+        ds = ds.map(wrap_preprocess(functions.preprocess, "__data"))
+        ds = ds.map_batches(engine, batch_format="pandas", batch_size=4, num_cpus=0.5, max_retries=0)
+        return ds.map(wrap_postprocess(functions.postprocess, "__data"))
+
+    return processor
+
+
+def rows(n=20):
+    names = [f"company {i}" for i in range(n)]
+    names[1], names[2], names[5], names[7] = "", "raise", "engine fails", "bad answer"
+    return pd.DataFrame({"id": [str(i) for i in range(n)], "name": names})
+
+
+def read(ray, tmp_path, frame):
+    frame.to_csv(tmp_path / "in.csv", index=False)
+    source = data.csv_input(str(tmp_path / "in.csv"), "name", "id", None)
+    ds = ray.data.read_csv(source.path, convert_options=source.convert_options, override_num_blocks=len(frame) // 4)
+    return ds.map_batches(data.add_row_ids, fn_kwargs={"text_column": "name", "id_column": "id"}, batch_format="pandas")
+
+
+PLAN = PRESETS["text-cpu-offline"].override(batch_size=4, stage_cpus=0.1, startup_timeout_s=600)
+
+
+def test_your_functions_are_tried_on_the_example_before_anything_runs():
+    with pytest.raises(ValueError, match="your preprocess fails on the example row {'name': 'raise'}"):
+        pipeline.checked(preprocess, postprocess, {"name": "raise"})
+    with pytest.raises(ValueError, match="your postprocess fails on an empty answer"):
+        pipeline.checked(preprocess, lambda row: {"n": row["nope"]}, {"name": "x"})
+    with pytest.raises(TypeError, match=r"no table column can hold for \['when'\]"):
+        pipeline.checked(preprocess, lambda row: {"when": object()}, {"name": "x"})
+    with pytest.raises(ValueError, match=r"returns \['stage'\], which the kit sets"):
+        pipeline.checked(preprocess, lambda row: {"stage": 1}, {"name": "x"})
+    fns = checked()
+    assert fns.columns == ("row_id", "id", "name", "predicted_label", "answer_chars", "num_input_tokens",
+                           "num_generated_tokens", "error", "stage")
+    assert fns.request["sampling_params"] == {"max_tokens": 4}
+
+
+def test_one_rows_failure_is_that_rows_reason_never_the_runs():
+    fns = checked()
+    rejected = fns.preprocess({"name": "", "reject_reason": "empty value"})
+    assert rejected["__inference_error__"] == "empty value" and rejected["stage"] == REJECTED
+    assert rejected["sampling_params"] == {"max_tokens": 4}  # the example's request: one shape for every row
+    raised = fns.preprocess({"name": "raise", "reject_reason": ""})
+    assert raised["__inference_error__"] == "preprocess failed: ValueError: no prompt for this one"
+    assert fns.preprocess({"name": "ok", "reject_reason": ""})["__inference_error__"] == ""
+    answer = {"row_id": "r", "id": "1", "name": "x", "generated_text": "Retail", "num_input_tokens": 5}
+    assert fns.postprocess(answer) == {"row_id": "r", "id": "1", "name": "x", "predicted_label": "Retail",
+                                       "answer_chars": 6, "num_input_tokens": 5, "num_generated_tokens": 0,
+                                       "error": "", "stage": ""}
+    failed = fns.postprocess({**answer, "name": "bad answer"})
+    assert failed["stage"] == POSTPROCESS and "KeyError" in failed["error"] and failed["id"] == "1"
+    other = pipeline.checked(preprocess, lambda row: {"a": 1} if row["name"] != "y" else {"b": 2}, {"name": "x"})
+    assert "did not return for the example (['b'])" in other.postprocess({**answer, "name": "y"})["error"]
+    odd = pipeline.checked(preprocess, lambda row: {"a": 1} if row["name"] != "y" else {"a": object()}, {"name": "x"})
+    assert "no table column can hold its values for ['a']" in odd.postprocess({**answer, "name": "y"})["error"]
+
+
+def test_finish_gives_every_row_the_columns_and_its_stage_and_types_what_ray_pickled():
+    from ray.data.extensions import ArrowPythonObjectArray
+
+    fns = checked()
+    table = pa.table({"row_id": ["a", "b", "c"], "id": ["1", "2", "3"], "name": ["x", "y", "z"],
+                      "predicted_label": ["Retail", None, None], "answer_chars": [6, None, None],
+                      "messages": [[{"role": "user", "content": "x"}]] * 3,
+                      "__inference_error__": ["", "RuntimeError: engine died", "empty value"],
+                      "stage": ["", "", REJECTED], "error": ["", None, None],
+                      "num_input_tokens": [5, None, None], "num_generated_tokens": [2, None, None]})
+    out = pipeline.finish(table, columns=fns.columns, kept=["id", "name"]).to_pandas()
+    assert list(out.columns) == list(fns.columns) and out["stage"].tolist() == ["", ENGINE, REJECTED]
+    assert out["error"].tolist() == ["", "RuntimeError: engine died", "empty value"]
+    assert out["name"].tolist() == ["x", "y", "z"] and out["predicted_label"][1:].isna().all()
+    assert out["num_input_tokens"].tolist() == [5, 0, 0]
+    pickled = pa.table({"row_hash": ArrowPythonObjectArray.from_objects([2**64 - 1, 5]),
+                        "mixed": ArrowPythonObjectArray.from_objects([1, "two"]), "__inference_error__": ["", ""]})
+    typed = pipeline.finish(pickled, columns=["row_hash", "mixed", "error", "stage", *pipeline.TOKENS])
+    assert typed.schema.field("row_hash").type == pa.uint64() and typed.column("mixed").to_pylist() == ["1", "two"]
+
+
+def test_one_pass_writes_every_row_once_with_every_column_your_postprocess_returns(local_ray, tmp_path):
+    """A column postprocess added (answer_chars) vanished: only declared outputs were kept."""
+    fns = checked()
+    run = run_folder.open_folder(str(tmp_path / "out")).start(PLAN, fns, id_column="id", settings={})
+    written = pipeline.write(run, stand_in_processor(fns)(read(local_ray, tmp_path, rows())), "predictions.parquet")
+    answered, errors = written.answered, written.errors
+    assert len(answered) + len(errors) == 20 and written.rows_entered == written.rows_read == 20
+    assert sorted(errors["stage"]) == sorted([POSTPROCESS, ENGINE, REJECTED, REJECTED])
+    assert "answer_chars" in answered and (answered["answer_chars"] == answered["predicted_label"].str.len()).all()
+    assert pd.read_parquet(tmp_path / "out" / "predictions.parquet")["answer_chars"].notna().all()
+    assert set(errors.columns) >= {"row_id", "id", "name", "stage", "reason"} and errors["name"].notna().all()
+    summary = report.summary(written, answer="predicted_label", labels=LABELS)
+    assert summary["all rows accounted for"] and summary["rows read"] == 20 and summary["classified"] == 16
+    assert report.require(summary).splitlines()[0].startswith("at least one row read:")
+
+
+def test_a_failed_run_resumes_where_it_stopped_and_writes_each_row_once(local_ray, tmp_path):
+    fail = tmp_path / "fail-now"
+    fail.write_text("")
+    fns = checked()
+    frame = rows(40)
+    folder = run_folder.open_folder(str(tmp_path / "out"))
+    run = folder.start(PLAN, fns, id_column="id", settings={})
+    with pytest.raises(Exception, match="the node went away"):
+        pipeline.write(run, stand_in_processor(fns, str(fail))(read(local_ray, tmp_path, frame)), "predictions.parquet")
+    fail.unlink()
+    folder = run_folder.open_folder(str(tmp_path / "out"))
+    run = folder.start(PLAN, fns, id_column="id", settings={})
+    written = pipeline.write(run, stand_in_processor(fns)(read(local_ray, tmp_path, frame)), "predictions.parquet")
+    ids = pd.concat([written.answered["id"], written.errors["id"]])
+    assert run.resuming and sorted(ids, key=int) == [str(i) for i in range(40)]  # each row once
+    assert written.rows_before == folder.rows_done > 0 and written.rows_read == 40
+
+
+def test_a_run_whose_first_results_never_come_stops_after_the_startup_timeout(local_ray, tmp_path):
+    fns = checked()
+    run = run_folder.open_folder(str(tmp_path / "out")).start(PLAN.override(startup_timeout_s=10), fns, id_column=None,
+                                                                settings={})
+    started = time.monotonic()
+    with pytest.raises(progress.NoResultsInTime, match="no results were written within 10 s"):
+        pipeline.write(run, stand_in_processor(fns, sleep_s=300)(read(local_ray, tmp_path, rows(8))), "predictions.parquet")
+    assert time.monotonic() - started < 60
+    run_folder.open_folder(str(tmp_path / "out"))  # its lock released
+
+
+def test_progress_updates_one_line_in_jupyter_and_logs_a_line_when_headless(tmp_path, monkeypatch, capfd):
+    folder = run_folder.Location.of(tmp_path)
+    shown: list[str] = []
+
+    class Handle:
+        def update(self, content, raw):
+            shown.append(content["text/plain"])
+
+    def display(content, raw, display_id):
+        shown.append(content["text/plain"])
+        return Handle()
+
+    monkeypatch.setenv(progress.PROGRESS_ENV, "1")
+    with progress.shown(folder, total=10, about=True, timeout_s=None, every_s=0.2, display=display):
+        time.sleep(0.5)
+        pd.DataFrame({"x": range(4)}).to_parquet(tmp_path / "a.parquet")
+        time.sleep(0.5)
+    assert shown[0].startswith("0 s: starting the engine") and shown[-1].startswith("done in ")
+    assert any("4 of about 10 rows written" in line for line in shown)
+    monkeypatch.setenv(progress.PROGRESS_ENV, "0")
+    monkeypatch.setenv(progress.HEARTBEAT_ENV, "1")
+    with progress.shown(folder, total=None, about=False, timeout_s=None):
+        time.sleep(2.5)
+    err = capfd.readouterr().err
+    assert "[llm-batch-kit] pipeline started" in err and "rows written" in err
+
+
+def test_steady_state_and_files_per_run():
+    files = [(t, 100) for t in (10.0, 11.0, 12.0, 13.0, 14.0)]
+    assert pipeline.steady_state(files, 20)[0] == pytest.approx(100.0)
+    assert "fewer than 5" in pipeline.steady_state(files[:3], 20)[1]
+    assert "within 0.4 s" in pipeline.steady_state([(10 + i / 10, 100) for i in range(5)], 60)[1]
+    gpu = PRESETS["text-llama8b-l4"]
+    assert pipeline.rows_per_file(gpu, 1_000_000) == 10_000 and pipeline.rows_per_file(gpu, 6_400) == 256
+    assert pipeline.rows_per_file(PRESETS["text-cpu-offline"], 1_000_000) == 64  # a CPU writes each batch
