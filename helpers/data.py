@@ -179,6 +179,7 @@ def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_co
     if rows == 0:
         found.append(f"INPUT_PATH={storage.redact(path)!r} holds no rows (a header only?): nothing to run on")
     raise_if(found)
+    print(f"input: {storage.redact(path)} ({encoding}; {basis})")
     return CsvInput(path, fs, encoding, columns, rows, basis, (text_column, id_column, label_column))
 
 

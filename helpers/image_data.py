@@ -130,7 +130,9 @@ def image_input(input_path: Any, input_format: Any, image_column: Any, id_column
     except (OSError, ValueError) as exc:
         raise ParameterError(f"Invalid parameters:\n  - {exc}") from None
     raise_if(found)
-    return ImageInput(path, fs, layout, image_column, id_column, *count_images(path, layout, fs))
+    rows, basis = count_images(path, layout, fs)
+    print(f"input: {storage.redact(path)} ({layout}; {basis})")
+    return ImageInput(path, fs, layout, image_column, id_column, rows, basis)
 
 
 def check_prompt(prompt: Any, max_tokens: Any, temperature: Any, image_tokens: Any, keep_aspect: Any, max_pixels: Any) -> None:

@@ -153,7 +153,8 @@ def save(written: Any, *, whole_input: int | None = None, **how: Any) -> dict:
     printed, and returned. Refused once a later run has moved this run's results aside."""
     summary_ = summary(written, **how)
     table = written.throughput(whole_input)[0]["value"]
-    record = {**summary_, "rows entering the pipeline in this run (Ray's count)": written.rows_entered,
+    record = {**summary_, "run": "resuming an interrupted run" if written.run.resuming else "starting fresh",
+              "rows entering the pipeline in this run (Ray's count)": written.rows_entered,
               "rows written in this run": written.rows_written, "pipeline seconds": round(written.seconds, 2),
               "rows/s end to end": round(written.rows_written / written.seconds, 3) if written.seconds else None,
               "rows/s steady state": None if math.isnan(written.steady) else round(written.steady, 3),

@@ -139,17 +139,19 @@ def publish_report(target, name: str, reports: list[Path], started: bool) -> str
     No report overwrites another. Where the notebook ``started`` a run, the reports are that run's
     files (recorded in its ``run.json``: the next run moves them to ``earlier/``). A notebook that
     stopped before (a bad parameter, an interrupted run it would not resume) left the folder as it
-    was: its report goes beside the others as ``<name>-<UTC time>.html``, and nothing is moved."""
+    was: its report goes beside an earlier one as ``<name>-<UTC time>.html``, and nothing is moved."""
     import time
 
     from helpers import run_folder
 
     stem = name
-    if not started:
+    target.mkdir()
+    if not started and any((target / f"{name}{suffix}").exists() for suffix in (".ipynb", ".html")):
         stem = f"{name}-{time.strftime('%Y-%m-%dT%H-%M-%SZ', time.gmtime())}"
         while (target / f"{stem}.html").exists():
             stem += "-2"
-        print(f"[{name}] the notebook stopped before its run started: its report is {stem}.html", flush=True)
+        print(f"[{name}] the notebook stopped before its run started: its report is {stem}.html, beside the "
+              "earlier one", flush=True)
     for report in reports:
         if report.is_file():
             if started:
