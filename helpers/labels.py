@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers import report
 from helpers.parameters import flag, number_in, raise_if, text
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
@@ -123,16 +124,6 @@ def confidence(row: Mapping[str, Any], labels: Sequence[str]) -> dict[str, Any]:
             RUNNER_UP_CONFIDENCE: second, UNRESOLVED: unresolved}
 
 
-def distribution(predictions: pd.DataFrame) -> dict[str, Any]:
-    """The confidences' spread for ``summary.json``: rows with one, mean, quantiles, share under 0.5 and 0.9."""
-    values = predictions[CONFIDENCE].dropna().astype(float) if CONFIDENCE in predictions else pd.Series(dtype=float)
-    if values.empty:
-        return {"rows with a confidence": 0}
-    return {"rows with a confidence": int(len(values)), "mean": round(float(values.mean()), 4),
-            **{f"p{round(q * 100)}": round(float(v), 4) for q, v in values.quantile([0.1, 0.25, 0.5, 0.75, 0.9]).items()},
-            "share under 0.5": round(float((values < 0.5).mean()), 4), "share under 0.9": round(float((values < 0.9).mean()), 4)}
-
-
 def above_thresholds(truth: pd.Series, predicted: pd.Series, conf: pd.Series,
                      thresholds: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)) -> pd.DataFrame:
     """For each threshold, the rows at least that confident: how many, their share and their accuracy."""
@@ -180,3 +171,33 @@ def review(predictions: pd.DataFrame, below: float) -> pd.DataFrame:
     conf = predictions.get(CONFIDENCE, pd.Series(index=predictions.index, dtype=float))
     rows = predictions[conf.notna() & (conf.astype(float) < below)]
     return rows.sort_values(CONFIDENCE, kind="stable").reset_index(drop=True)
+
+
+def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answer: str, truth: str | None,
+             review_below: float | None = None) -> dict[str, pd.DataFrame]:
+    """The results section of a classification: the label chart (with the true labels where you have
+    them), accuracy per label and the confusion matrix, the confidences against accuracy where the run
+    computed them, and the least confident rows (``review.parquet``); every chart and table written
+    through ``run``, so the next run moves them aside with the rest."""
+    truths = predictions[truth] if truth else None
+    report.plot_label_counts(predictions[answer], labels, truths, run.path("label_counts.png"))
+    tables: dict[str, pd.DataFrame] = {}
+    has_confidence = CONFIDENCE in predictions and predictions[CONFIDENCE].notna().any()
+    if truth and len(predictions):
+        tables["per label"] = report.per_label_table(truths, predictions[answer], labels).round(2)
+        print(f"accuracy: {tables['per label'].loc['all', 'recall']:.1%} on {len(predictions)} rows "
+              f"(chance with {len(labels)} labels: {1 / len(labels):.1%})")
+        tables["confusion matrix"] = report.confusion_matrix(truths, predictions[answer], labels)
+        report.plot_confusion_matrix(tables["confusion matrix"], run.path("confusion_matrix.png"),
+                                     title=f"{run.plan.model_source}: confusion matrix")
+        if has_confidence:
+            conf = predictions[CONFIDENCE]
+            plot_reliability(reliability(truths, predictions[answer], conf), run.path("reliability.png"),
+                             title=f"{run.plan.model_source}: confidence against accuracy")
+            tables["accuracy by confidence"] = above_thresholds(truths, predictions[answer], conf).round(3)
+    if review_below is not None:
+        doubtful = review(predictions, review_below)
+        doubtful.to_parquet(run.path("review.parquet"), index=False)
+        print(f"review.parquet: {len(doubtful)} rows with a confidence under {review_below}")
+        tables["to review"] = doubtful.head(20)
+    return tables

@@ -10,7 +10,6 @@ from typing import Any
 
 import pandas as pd
 
-from helpers import labels as labels_
 from helpers.parameters import Explained
 from helpers.pipeline import ENGINE, POSTPROCESS, REJECTED
 
@@ -70,36 +69,6 @@ def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Ser
     return fig
 
 
-def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answer: str, truth: str | None,
-             review_below: float | None = None) -> dict[str, pd.DataFrame]:
-    """The results section of a classification: the label chart (with the true labels where you have
-    them), accuracy per label and the confusion matrix, the confidences against accuracy where the run
-    computed them, and the least confident rows (``review.parquet``); every chart and table written
-    through ``run``, so the next run moves them aside with the rest."""
-    truths = predictions[truth] if truth else None
-    plot_label_counts(predictions[answer], labels, truths, run.path("label_counts.png"))
-    tables: dict[str, pd.DataFrame] = {}
-    has_confidence = labels_.CONFIDENCE in predictions and predictions[labels_.CONFIDENCE].notna().any()
-    if truth and len(predictions):
-        tables["per label"] = per_label_table(truths, predictions[answer], labels).round(2)
-        print(f"accuracy: {tables['per label'].loc['all', 'recall']:.1%} on {len(predictions)} rows "
-              f"(chance with {len(labels)} labels: {1 / len(labels):.1%})")
-        tables["confusion matrix"] = confusion_matrix(truths, predictions[answer], labels)
-        plot_confusion_matrix(tables["confusion matrix"], run.path("confusion_matrix.png"),
-                              title=f"{run.plan.model_source}: confusion matrix")
-        if has_confidence:
-            conf = predictions[labels_.CONFIDENCE]
-            labels_.plot_reliability(labels_.reliability(truths, predictions[answer], conf), run.path("reliability.png"),
-                                     title=f"{run.plan.model_source}: confidence against accuracy")
-            tables["accuracy by confidence"] = labels_.above_thresholds(truths, predictions[answer], conf).round(3)
-    if review_below is not None:
-        review = labels_.review(predictions, review_below)
-        review.to_parquet(run.path("review.parquet"), index=False)
-        print(f"review.parquet: {len(review)} rows with a confidence under {review_below}")
-        tables["to review"] = review.head(20)
-    return tables
-
-
 MAX_ENGINE_ERRORS = 0.1  # "the model answered" holds while at most this share of the rows sent (or one) failed there
 #: Entries that hold whatever the data, labels or model: what the checked cell prints.
 INVARIANTS = ("at least one row read", "at least one image read", "all rows accounted for", "all images accounted for",
@@ -139,8 +108,13 @@ def summary(written: Any, *, answer: str, labels: Sequence[str] | None = None, t
             out["accuracy"] = round(float(table.loc["all", "recall"]), 4)
             out["per label"] = {k: {c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()}
                                 for k, row in table.iterrows()}
-        if labels_.CONFIDENCE in answered:
-            out["confidence"] = labels_.distribution(answered)
+        if "confidence" in answered:  # the answers' confidence among the labels (helpers.labels)
+            conf = answered["confidence"].dropna().astype(float)
+            out["confidence"] = {"rows with a confidence": len(conf), **({
+                "mean": round(float(conf.mean()), 4), **{f"p{round(q * 100)}": round(float(v), 4) for q, v in
+                                                         conf.quantile([0.1, 0.25, 0.5, 0.75, 0.9]).items()},
+                "share under 0.5": round(float((conf < 0.5).mean()), 4),
+                "share under 0.9": round(float((conf < 0.9).mean()), 4)} if len(conf) else {})}
     else:
         out.update({"every rejected image has a reason": bool(errors["reason"].astype(str).str.len().gt(0).all()) if len(errors) else True,
                     "empty captions": int((answered[answer] == "").sum()) if len(answered) else 0})

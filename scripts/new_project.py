@@ -76,12 +76,13 @@ def module_closure(roots: set[str], package: Path = REPO / "helpers") -> list[st
 
 def portable_tests(modules: list[str]) -> list[Path]:
     """The kit's unit tests that test only ``modules`` and need nothing else from the kit
-    (no scripts, notebooks, repository paths or other test modules, which a project does not carry)."""
+    (no scripts, notebooks, repository paths, the kit's own fixtures or other test modules, which a
+    project does not carry)."""
     chosen = []
     for test in sorted((REPO / "tests").glob("test_*.py")):
         source = test.read_text()
         imported = helper_imports(source)
-        needs_kit = re.search(r"\bload_script\b|\bREPO\b|\brepo\b|^\s*(from|import)\s+test_\w+", source, re.M)
+        needs_kit = re.search(r"\bload_script\b|\bREPO\b|\brepo\b|^\s*(from|import)\s+(test_\w+|conftest)", source, re.M)
         if imported and imported <= set(modules) and not needs_kit:
             chosen.append(test)
     return chosen

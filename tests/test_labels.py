@@ -72,9 +72,7 @@ def test_review_thresholds_reliability_and_the_distribution():
     assert table["rows"].tolist() == [4, 3, 1] and table["accuracy"].tolist() == pytest.approx([0.75, 1.0, 1.0])
     bins = labels.reliability(truth, predicted, conf, bins=2)
     assert bins["rows"].tolist() == [1, 3] and bins["accuracy"].tolist() == pytest.approx([0.0, 1.0])
-    spread = labels.distribution(pd.DataFrame({"confidence": conf}))
-    assert spread["rows with a confidence"] == 4 and spread["share under 0.5"] == 0.25 and spread["p50"] == 0.7
-    assert labels.distribution(pd.DataFrame({"x": [1]})) == {"rows with a confidence": 0}
+
 
 
 ENGINE_SCRIPT = """

@@ -32,12 +32,14 @@ def test_per_label_table_and_confusion_matrix():
 
 
 def test_every_row_read_is_answered_rejected_or_failed_exactly_once():
-    answered = pd.DataFrame({"row_id": ["a", "b", "c"], "label": ["A", "B", "A"], "truth": ["A", "A", "A"]})
+    answered = pd.DataFrame({"row_id": ["a", "b", "c"], "label": ["A", "B", "A"], "truth": ["A", "A", "A"],
+                             "confidence": [0.9, 0.3, None]})
     summary = report.summary(written(answered, errors(REJECTED, ENGINE, POSTPROCESS), 6), answer="label",
                              labels=LABELS, truth="truth")
     assert summary["rows read"] == 6 and summary["classified"] == 3 and summary["postprocess errors"] == 1
     assert summary["all rows accounted for"] and summary["every prediction is a label"]
     assert summary["accuracy"] == 0.6667 and summary["per label"]["A"]["support"] == 3
+    assert summary["confidence"]["rows with a confidence"] == 2 and summary["confidence"]["share under 0.5"] == 0.5
     assert not report.summary(written(answered, errors(REJECTED), 6), answer="label", labels=LABELS)["all rows accounted for"]
     uncounted = report.summary(written(answered, errors(), None), answer="label", labels=LABELS)
     assert uncounted["rows read"].startswith("not counted") and not uncounted["all rows accounted for"]
@@ -74,11 +76,13 @@ def test_the_results_section_writes_its_charts_and_review_through_the_run(tmp_pa
     run = SimpleNamespace(plan=SimpleNamespace(model_source="m"), path=lambda name: names.append(name) or tmp_path / name)
     predictions = pd.DataFrame({"label": ["A", "B", "A", "C"], "truth": ["A", "A", "A", "C"],
                                 "confidence": [0.9, 0.3, 0.6, None]})
-    tables = report.evaluate(predictions, run, LABELS, answer="label", truth="truth", review_below=0.5)
+    from helpers import labels
+
+    tables = labels.evaluate(predictions, run, LABELS, answer="label", truth="truth", review_below=0.5)
     assert names == ["label_counts.png", "confusion_matrix.png", "reliability.png", "review.parquet"]
     assert all((tmp_path / n).stat().st_size > 0 for n in names)
     assert list(tables) == ["per label", "confusion matrix", "accuracy by confidence", "to review"]
     assert len(tables["to review"]) == 1
     names.clear()
-    assert list(report.evaluate(predictions.drop(columns="confidence"), run, LABELS, answer="label", truth=None)) == []
+    assert list(labels.evaluate(predictions.drop(columns="confidence"), run, LABELS, answer="label", truth=None)) == []
     assert names == ["label_counts.png"]
