@@ -206,8 +206,8 @@ def add_row_ids(batch: pd.DataFrame, text_column: str, id_column: str | None) ->
 
 def first_rows(ds, limit: int | None, done: int = 0):
     """The first ``limit`` rows in the input's order (files by name, rows in file order), the same rows
-    every run (Ray's ``limit`` alone keeps the first to arrive). ``done``: rows an interrupted run
-    finished, which resuming drops right after the read, so the limit counts only the rest."""
+    every run (Ray's ``limit`` alone keeps the first to arrive). ``done``: the rows an interrupted run
+    finished (``run.rows_done``). Resuming drops them as they are read, so the limit counts the rest."""
     if not limit:
         return ds
     ds.context.execution_options.preserve_order = True

@@ -230,10 +230,9 @@ def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     return _rows(paths, [Path(p).name for p in paths], image_values(batch, "bytes")).assign(path=paths)
 
 
-def read(source: ImageInput, *, num_blocks: int, num_cpus: float, limit: int | None = None, done: int = 0,
-         check_rows: int = 20):
+def read(source: ImageInput, *, num_blocks: int, num_cpus: float, limit: int | None = None, check_rows: int = 20):
     """Rows ``{row_id, source, image_bytes, reject_reason, <source id>}`` of ``source``, the first
-    ``limit`` in file order (less ``done``, see :func:`helpers.data.first_rows`); a layout wrong as a whole (none of the first rows has the image field) and
+    ``limit`` in file order; a layout wrong as a whole (none of the first rows has the image field) and
     empty or repeated ``ID_COLUMN`` values stop here."""
     import ray
 
@@ -257,7 +256,7 @@ def read(source: ImageInput, *, num_blocks: int, num_cpus: float, limit: int | N
         raise ParameterError(f"none of the first {len(first)} {source.format} rows has a {source.image_column!r} value; "
                              f"they have: {there}. Set IMAGE_COLUMN to the field that holds the image bytes (alternatives "
                              "separated by ';').")
-    ds = first_rows(ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus), limit, done)
+    ds = first_rows(ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus), limit)
     if source.id_column:
         check_ids(ds, source.id_column)
     return ds

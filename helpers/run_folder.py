@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import storage
+from helpers.data import first_rows
 from helpers.parameters import Explained, flag, raise_if, text
 from helpers.storage import Location
 
@@ -209,7 +210,7 @@ def open_folder(output_dir: Any, resume: Any = True, start_over: Any = False) ->
         raise InterruptedRunError(f"OUTPUT_DIR={str(output_dir)!r} holds an interrupted run with {done:,} rows finished "
                                   "and RESUME is False. Nothing was changed there. Set RESUME=True to finish it, or "
                                   f"START_OVER=True to start over (its rows are then kept in {EARLIER}/).")
-    return RunFolder(where, resume, start_over, 0 if start_over else done)
+    return RunFolder(where, resume, start_over)
 
 
 @dataclass
@@ -219,7 +220,6 @@ class RunFolder:
     where: Location
     resume: bool
     start_over: bool
-    rows_done: int  # rows an interrupted run finished, which resuming skips as they are read
 
     def start(self, plan: Any, functions: Any, *, id_column: str | None, settings: Mapping[str, Any]) -> Run:
         """Begin a run: every node sees the folder, this run holds its lock, and it resumes the
@@ -266,7 +266,7 @@ class RunFolder:
         for name in moved:
             (self.where / name).move_to(earlier / name)
         run = Run(self.where, plan, functions, id_column if self.resume else None, resuming,
-                  self.rows_done if resuming else 0, lock, earlier, fingerprint, settings)
+                  sum(f.parquet_rows() for f in done) if resuming else 0, lock, earlier, fingerprint, settings)
         run.save_record()
         print(f"output folder: {self.where} ({'resuming an interrupted run: rows it finished are skipped' if resuming else 'starting fresh'}"
               f"{f'; the earlier files are kept in {earlier}' if moved else ''})")
@@ -282,7 +282,7 @@ class Run:
     functions: Any
     id_column: str | None  # what Ray's checkpoints key on; None: not resumable
     resuming: bool
-    rows_done: int
+    rows_done: int  # rows the interrupted run finished: resuming skips them as they are read
     lock: _Lock
     earlier: Location
     fingerprint: str
@@ -303,6 +303,11 @@ class Run:
     def save_record(self) -> None:
         (self.where / RUN_FILE).write_text(json.dumps({"run": self.run_id, "fingerprint": self.fingerprint,
                                                       "settings": self.settings, "files": self.files}, indent=2, default=str))
+
+    def unfinished(self, ds: Any, limit: int | None) -> Any:
+        """``ds`` for this run: resuming, Ray skips the rows the interrupted run finished as it reads them,
+        so ``limit`` counts only the rest (the same first rows in file order, see ``data.first_rows``)."""
+        return first_rows(ds, limit, self.rows_done)
 
     def path(self, name: str) -> Path:
         """Where this run writes the file ``name``: recorded in ``run.json`` (the next run moves it aside),

@@ -41,7 +41,7 @@ def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
 def test_the_defaults_pass_the_check_cell_and_fit_the_cpu_preset(name, tmp_path):
     ns = run_cells(name, CHECK_CELL, OUTPUT_DIR=str(tmp_path / "out"))
     assert ns["plan"].name.endswith("cpu-offline") and ns["plan"].accelerator_type is None
-    assert ns["plan"].model_path.startswith("/") and ns["folder"].rows_done == 0
+    assert ns["plan"].model_path.startswith("/")
     assert not (tmp_path / "out").exists()  # checked, not touched
 
 

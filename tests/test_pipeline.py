@@ -34,13 +34,13 @@ def checked(post=postprocess):
     return pipeline.checked(preprocess, post, {"name": "Walmart"}, keep=["id", "name"])
 
 
-def stand_in_processor(functions, fail_file=None, sleep_s=0.0):
+def stand_in_processor(functions, fail_file=None, sleep_s=0.0, fail_on="39"):
     """What ``build_processor`` makes, with a stand-in engine: Ray Data LLM's wrappers around your
     functions; rows named "engine fails" come back with the engine's error."""
     from ray.llm._internal.batch.stages.base import wrap_postprocess, wrap_preprocess
 
     def engine(batch: pd.DataFrame) -> pd.DataFrame:
-        if fail_file and os.path.exists(fail_file) and (batch["__data"].map(lambda d: d["id"]) == "39").any():
+        if fail_file and os.path.exists(fail_file) and (batch["__data"].map(lambda d: d["id"]) == fail_on).any():
             time.sleep(5)  # the other batches are written first
             raise RuntimeError("the node went away")  # the whole task: Ray's own failure, not a row's
         time.sleep(sleep_s)
@@ -158,15 +158,16 @@ def test_a_failed_run_resumes_where_it_stopped_and_writes_each_row_once(local_ra
     frame = rows(40)
     folder = run_folder.open_folder(str(tmp_path / "out"))
     run = folder.start(PLAN, fns, id_column="id", settings={})
+    limited = data.first_rows(read(local_ray, tmp_path, frame), 30)  # LIMIT 30 of the 40 rows
     with pytest.raises(Exception, match="the node went away"):
-        pipeline.write(run, stand_in_processor(fns, str(fail))(read(local_ray, tmp_path, frame)), "predictions.parquet")
+        pipeline.write(run, stand_in_processor(fns, str(fail), fail_on="29")(run.unfinished(limited, 30)), "predictions.parquet")
     fail.unlink()
-    folder = run_folder.open_folder(str(tmp_path / "out"))
+    # The folder as checked before the failure: the rows done are counted as the run starts, not here.
     run = folder.start(PLAN, fns, id_column="id", settings={})
-    written = pipeline.write(run, stand_in_processor(fns)(read(local_ray, tmp_path, frame)), "predictions.parquet")
+    written = pipeline.write(run, stand_in_processor(fns)(run.unfinished(limited, 30)), "predictions.parquet")
     ids = pd.concat([written.answered["id"], written.errors["id"]])
-    assert run.resuming and sorted(ids, key=int) == [str(i) for i in range(40)]  # each row once
-    assert written.rows_before == folder.rows_done > 0 and written.rows_read == 40
+    assert run.resuming and sorted(ids, key=int) == [str(i) for i in range(30)]  # the first 30, each once
+    assert written.rows_before == run.rows_done > 0 and written.rows_read == 30
 
 
 def test_a_run_whose_first_results_never_come_stops_after_the_startup_timeout(local_ray, tmp_path):

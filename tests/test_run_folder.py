@@ -94,10 +94,9 @@ def test_a_folder_the_kit_did_not_write_is_refused_and_one_of_notebooks_only_kee
 def test_an_interrupted_run_resumes_only_with_the_same_settings_prompt_and_postprocess(tmp_path):
     out = tmp_path / "out"
     first = start(out)
-    interrupted(first)
     first.lock.release()
-    folder = run_folder.open_folder(str(out))
-    assert folder.rows_done == 2
+    folder = run_folder.open_folder(str(out))  # checked before the rows below are written
+    interrupted(first)
     again = folder.start(PLAN, functions(), id_column="x", settings={"input": "a.csv"})
     assert again.resuming and again.rows_done == 2 and (out / "parts" / "p.parquet").exists()
     again.lock.release()
