@@ -69,7 +69,7 @@ class Timing:
 
 def text_input(rows: int, folder: Path) -> Path:
     """``rows`` distinct company names built from the bundled sample (name + suffix + number)."""
-    from helpers.data import sample_customers_path
+    from helpers.pipeline import sample_customers_path
 
     sample = pd.read_csv(sample_customers_path()).dropna(subset=["Company"])
     # Only well-formed names: the sample's deliberately bad rows (empty, 60,000 characters) would

@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from helpers import cluster, models
-from helpers.parameters import Explained, closest, flag, is_int, is_number, literal, positive_int, raise_if, text
+from helpers.parameters import Explained, closest, is_int, is_number, literal, positive_int, raise_if, text
 from helpers.presets import (CPU_PRESET, DEFAULT_GPU_PRESET, GIB, GPUS, OFFLINE, PRESETS, Preset, engine_defaults,
                              memory_budget, model_shape, names)
 

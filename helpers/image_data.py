@@ -1,5 +1,5 @@
 """The captioning notebook's images: the input checked before anything starts, read in any of three
-layouts, each image prepared or rejected with a reason, and the bundled sample.
+layouts, each image prepared or rejected with a reason, and the results shown on a grid.
 
 Layouts (``INPUT_FORMAT``): ``webdataset`` (``.tar`` shards of ``<key>.jpg`` and other fields, as
 BLIP3o ships), ``parquet`` (an image column of bytes, or the Hugging Face ``{bytes, path}`` struct)
@@ -14,6 +14,7 @@ import posixpath
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from helpers import images, storage
-from helpers.data import REJECT_REASON, ROW_ID, check_ids, first_rows, resolve
+from helpers.pipeline import REJECT_REASON, ROW_ID, check_ids, first_rows
 from helpers.parameters import ParameterError, flag, number_in, positive_int, raise_if, text
 
 FORMATS = ("webdataset", "parquet", "images")
@@ -105,7 +106,7 @@ def count_images(path: str, layout: str, fs=None) -> tuple[int | None, str]:
 
 
 def image_input(input_path: Any, input_format: Any, image_column: Any, id_column: Any) -> ImageInput:
-    """``INPUT_PATH`` (None: the bundled sample, written on first use) checked with ``INPUT_FORMAT``,
+    """``INPUT_PATH`` (None: the bundled sample) checked with ``INPUT_FORMAT``,
     ``IMAGE_COLUMN`` and ``ID_COLUMN`` (parquet only, and a column there); raise listing every problem."""
     found = text("INPUT_PATH", input_path, optional=True) + text("IMAGE_COLUMN", image_column)
     found += text("ID_COLUMN", id_column, optional=True)
@@ -113,7 +114,7 @@ def image_input(input_path: Any, input_format: Any, image_column: Any, id_column
         found.append(f"INPUT_FORMAT must be auto, webdataset, parquet or images, got {input_format!r}")
     raise_if(found)
     try:
-        path = str(prepare_sample_images()) if input_path is None else resolve(input_path)
+        path = str(sample_path()) if input_path is None else storage.absolute(input_path)
         fs = storage.filesystem(path)
         layout = input_format if input_format != "auto" else detect_format(path, fs)
         if id_column is not None and layout != "parquet":
@@ -333,90 +334,7 @@ def plot_image_grid(items: list[tuple[Any, str, str]], path=None, columns: int =
     return fig
 
 
-#: scikit-image's public-domain photos, in the sample with awkward variants and broken files.
-SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field", "immunohistochemistry",
-                 "page", "coins", "horse", "retina", "moon")
-
-
-def _jpeg(array: np.ndarray, **kwargs: Any) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, "JPEG", quality=90, **kwargs)
-    return buffer.getvalue()
-
-
-def _saved(image, fmt: str, **kwargs: Any) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **kwargs)
-    return buffer.getvalue()
-
-
-def sample_files() -> dict[str, bytes]:
-    """The sample as ``{key: bytes}``: real photos, awkward but valid variants, and broken files."""
-    import struct
-    import zlib
-    from importlib import resources
-
-    from PIL import Image
-    from skimage import data as sk
-
-    def as_uint8(a: np.ndarray) -> np.ndarray:
-        a = a.astype(np.uint8) * 255 if a.dtype == bool else a
-        a = (255 * (a - a.min()) / max(1e-9, float(a.max() - a.min()))).astype(np.uint8) if a.dtype != np.uint8 else a
-        return a[:, :, :3] if a.ndim == 3 else a
-
-    files = {name: _jpeg(as_uint8(getattr(sk, name)())) for name in SAMPLE_PHOTOS}
-    exif = Image.Exif()
-    exif[0x0112] = 6  # stored sideways: "rotate 90 degrees clockwise to display"
-    files["chelsea_exif_rotated"] = _jpeg(np.rot90(sk.chelsea(), k=1).copy(), exif=exif.tobytes())
-    files["coffee_cmyk"] = _saved(Image.fromarray(sk.coffee()).convert("CMYK"), "JPEG")
-    rgba = np.dstack([sk.rocket(), np.full(sk.rocket().shape[:2], 128, np.uint8)])
-    files["rocket_transparent_png"] = _saved(Image.fromarray(rgba, "RGBA"), "PNG")
-    files["camera_16bit_png"] = _saved(Image.fromarray(sk.camera().astype(np.uint16) * 257), "PNG")
-    files["animated_gif"] = (resources.files("skimage") / "data" / "no_time_for_that_tiny.gif").read_bytes()
-    horse_exif = Image.Exif()
-    horse_exif[0x0112] = 1
-    horse = _jpeg(np.asarray(Image.fromarray(as_uint8(sk.horse())).convert("RGB")), exif=horse_exif.tobytes())
-    at = horse.find(b"Exif\x00\x00") + 14  # garbage in the EXIF block of a good JPEG (found by fuzzing)
-    files["horse_corrupt_exif"] = horse[:at] + b"\xff\x00\x13\x37" * 4 + horse[at + 16:]
-    files["broken_truncated"] = files["astronaut"][: len(files["astronaut"]) // 3]
-    files["broken_empty"] = b""
-    files["broken_not_an_image"] = b"<html><body>404 Not Found</body></html>"
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-    files["broken_bomb"] = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0))
-                            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))  # 10^10 pixels claimed
-    files["broken_truncated_png"] = files["rocket_transparent_png"][: len(files["rocket_transparent_png"]) // 2]
-    webp = _saved(Image.fromarray(sk.coffee()), "WEBP", quality=80)
-    files["broken_truncated_webp"] = webp[: len(webp) // 2]
-    return files
-
-
-def write_webdataset(files: dict[str, bytes], path: Path, caption: str | None = None) -> Path:
-    """``files`` as one webdataset shard: ``<key>.jpg`` (and ``<key>.txt`` with ``caption``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w") as tar:
-        for key, payload in files.items():
-            for name, content in {f"{key}.jpg": payload, **({f"{key}.txt": caption.encode()} if caption is not None else {})}.items():
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime = len(content), 0
-                tar.addfile(info, io.BytesIO(content))
-    return path
-
-
-def prepare_sample_images(cache: Path | None = None) -> Path:
-    """The bundled sample as one shard in BLIP3o's webdataset layout, built once in the kit's cache."""
-    from helpers.cluster import record
-    from helpers.models import build_once, cache_root
-
-    def build(out: Path) -> dict:
-        files = sample_files()
-        write_webdataset(files, out / "sample-000000.tar")
-        return {"images": len(files), "broken": sorted(k for k in files if k.startswith("broken_"))}
-
-    shard = build_once((cache or cache_root()) / "sample-images", build) / "sample-000000.tar"
-    record(prepare_sample_images, cache or cache_root(), "the bundled sample images")
-    return shard
+def sample_path() -> Path:
+    """The bundled sample: one webdataset shard of photos, awkward variants and broken files
+    (``scripts/make_sample_images.py`` made it)."""
+    return Path(str(resources.files("helpers") / "sample_data" / "sample-000000.tar"))

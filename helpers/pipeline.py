@@ -20,9 +20,10 @@ from typing import Any
 import pandas as pd
 
 from helpers import progress
-from helpers.data import REJECT_REASON, ROW_ID
 from helpers.parameters import Explained
 
+ROW_ID = "row_id"  # every result row's id: ID_COLUMN's value, or a hash of the row's content
+REJECT_REASON = "reject_reason"  # why a row is not sent to the model ("" when it is)
 INFERENCE_ERROR = "__inference_error__"  # Ray Data LLM's: a row with a value skips every stage
 STAGE, ERROR = "stage", "error"  # where a row stopped ("" when answered), and why
 REJECTED, ENGINE, POSTPROCESS = "rejected before the model", "engine", "postprocess"
@@ -261,11 +262,10 @@ def write(run: Any, results, answered_name: str) -> Written:
     from ray.data.checkpoint import CheckpointConfig
 
     from helpers.cluster import checkpoint_filter
-    from helpers.run_folder import CHECKPOINT, PARTS
 
     if not ray.is_initialized():
         raise NotReadyError("Ray is not running. Run the notebook again from the 'Start Ray' cell down.")
-    plan, parts, checkpoint = run.plan, run.where / PARTS, run.where / CHECKPOINT
+    plan, parts, checkpoint = run.plan, run.where / run.PARTS, run.where / run.CHECKPOINT
     before = {f for f, _ in parts.files()}
     rows = plan.rows
     finished = results.map_batches(finish, batch_format="pyarrow", fn_kwargs={"columns": run.functions.columns, "kept": run.functions.kept},
@@ -311,3 +311,53 @@ def write(run: Any, results, answered_name: str) -> Written:
     return Written(answered, errors, rows_entered(finished), len(now), len(everything) - len(now), seconds, steady, basis,
                    int(answered_now[TOKENS[0]].sum()), int(answered_now[TOKENS[1]].sum()), len(answered_now), stats, run)
 
+
+def first_rows(ds, limit: int | None, done: int = 0):
+    """The first ``limit`` rows in the input's order (files by name, rows in file order), the same rows
+    every run (Ray's ``limit`` alone keeps the first to arrive). ``done``: the rows an interrupted run
+    finished (``run.rows_done``). Resuming drops them as they are read, so the limit counts the rest."""
+    if not limit:
+        return ds
+    ds.context.execution_options.preserve_order = True
+    return ds.limit(max(limit - done, 0))
+
+
+class IdColumnError(Explained, ValueError):
+    """``ID_COLUMN`` has empty or repeated values."""
+
+
+class EmptyInputError(Explained, ValueError):
+    """The input holds no rows."""
+
+
+def check_ids(ds, column: str | None, sample: int = 200) -> list[dict[str, Any]]:
+    """The first ``sample`` rows, and in the same pass every id in ``column`` (only it comes to this
+    process, as an 8-byte hash per row): raise naming the empty and repeated ones and the fix."""
+    import numpy as np
+
+    kept, hashes, rows, empty = [], [], 0, 0
+    for batch in ds.iter_batches(batch_format="pandas", batch_size=65_536) if column else [ds.take(sample)]:
+        batch = pd.DataFrame(batch)
+        kept += batch.head(sample - len(kept)).to_dict("records") if len(kept) < sample else []
+        if column:
+            ids = batch[column].astype("string")
+            blank = ids.isna() | ids.str.strip().eq("")
+            rows, empty = rows + len(ids), empty + int(blank.sum())
+            hashes.append(pd.util.hash_array(ids[~blank].to_numpy(dtype=object)))
+    if not kept:
+        raise EmptyInputError("The input holds no rows to run on (after LIMIT and the rows already done).")
+    values, counts = np.unique(np.concatenate(hashes), return_counts=True) if hashes else ([], [])
+    repeated = int((np.asarray(counts) > 1).sum())
+    if empty or repeated:
+        named = pd.Series(dtype=int)
+        if repeated:  # a second pass, only now: the values behind the repeated hashes
+            wanted = set(np.asarray(values)[np.asarray(counts) > 1].tolist())
+            ids = pd.concat([b[column].astype("string") for b in ds.select_columns([column]).iter_batches(batch_format="pandas")])
+            named = ids[np.isin(pd.util.hash_array(ids.fillna("").to_numpy(dtype=object)), list(wanted))].value_counts()
+        said = ([f"{empty} of {rows} rows have no {column!r} value"] if empty else []) + (
+            [f"{repeated} values are shared by several rows: " + ", ".join(f"{v!r} ({n} rows)" for v, n in named.head(5).items())]
+            if repeated else [])
+        raise IdColumnError(f"ID_COLUMN={column!r} must give every row an id of its own, but {'; '.join(said)}. Results "
+                            "are matched to your rows, and an interrupted run resumed, by this id. Give those rows unique "
+                            "ids, or set ID_COLUMN=None to derive each row's id from its content (resuming is then off).")
+    return kept

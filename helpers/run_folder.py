@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import storage
-from helpers.data import first_rows
+from helpers.pipeline import first_rows
 from helpers.parameters import Explained, flag, raise_if, text
 from helpers.storage import Location
 
@@ -277,6 +277,8 @@ class RunFolder:
 class Run:
     """One run in ``OUTPUT_DIR``: where it writes, the files it has written (its ``run.json``), its lock."""
 
+    PARTS, CHECKPOINT = PARTS, CHECKPOINT  # its results as Ray writes them, and Ray's record of the rows done
+
     where: Location
     plan: Any
     functions: Any
@@ -306,7 +308,7 @@ class Run:
 
     def unfinished(self, ds: Any, limit: int | None) -> Any:
         """``ds`` for this run: resuming, Ray skips the rows the interrupted run finished as it reads them,
-        so ``limit`` counts only the rest (the same first rows in file order, see ``data.first_rows``)."""
+        so ``limit`` counts only the rest (the same first rows in file order, see ``pipeline.first_rows``)."""
         return first_rows(ds, limit, self.rows_done)
 
     def path(self, name: str) -> Path:

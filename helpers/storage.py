@@ -30,6 +30,17 @@ def is_remote(path: str) -> bool:
     return scheme(path) not in ("", "file")
 
 
+def absolute(path: str) -> str:
+    """``INPUT_PATH`` as every node reads it: a URL or bucket as it is; a local path absolute (Ray's
+    workers do not share the notebook's folder), and there."""
+    if is_remote(path):
+        return path
+    local = Path(path.removeprefix("file://")).expanduser().resolve()
+    if not local.exists():
+        raise FileNotFoundError(f"INPUT_PATH={path!r} does not exist (resolved to {local})")
+    return str(local)
+
+
 def is_web(path: str) -> bool:
     return scheme(path) in ("http", "https")
 

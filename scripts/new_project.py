@@ -27,9 +27,9 @@ REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "templates" / "project"
 USE_CASES = {
     "text_classification": {"task": "text", "title": "Text classification with structured outputs",
-                            "gpu_preset": "text-llama8b-l4"},
+                            "gpu_preset": "text-llama8b-l4", "sample_data": ["customers.csv"]},
     "vlm_captioning": {"task": "vision", "title": "Image captioning with a vision-language model",
-                       "gpu_preset": "vision-qwen3b-l4"},
+                       "gpu_preset": "vision-qwen3b-l4", "sample_data": ["sample-000000.tar", "tiny-qwen2-vl"]},
 }
 #: Copied verbatim: the install paths, the two commands and the scripts they run.
 COPIED = ["Makefile", "requirements.txt", "requirements-cpu.txt", "requirements-common.txt",
@@ -139,8 +139,10 @@ def create(use_case: str, dest: Path, job_name: str) -> Path:
     (dest / "helpers").mkdir()
     for name in modules:
         shutil.copy2(REPO / "helpers" / f"{name}.py", dest / "helpers" / f"{name}.py")
-    if "data" in modules:
-        shutil.copytree(REPO / "helpers" / "sample_data", dest / "helpers" / "sample_data")
+    (dest / "helpers" / "sample_data").mkdir()
+    for name in USE_CASES[use_case]["sample_data"]:  # the bundled input and offline model it runs on
+        source, target = REPO / "helpers" / "sample_data" / name, dest / "helpers" / "sample_data" / name
+        shutil.copytree(source, target) if source.is_dir() else shutil.copy2(source, target)
     for rel in COPIED:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / rel, dest / rel)

@@ -141,6 +141,18 @@ def tar_bytes(members: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+def sample_files() -> dict[str, bytes]:
+    """The bundled sample images, ``{key: bytes}``, as ``scripts/make_sample_images.py`` wrote them."""
+    from helpers import image_data
+
+    with tarfile.open(image_data.sample_path()) as tar:
+        return {m.name.removesuffix(".jpg"): tar.extractfile(m).read() for m in tar}
+
+
+#: The sample's real photos (the rest are awkward variants and broken files).
+SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_deep_field")
+
+
 BUCKET = "kit-test"
 
 
@@ -188,9 +200,7 @@ def blip_shards() -> dict[str, dict[str, str]]:
     """The stand-in Hub's BLIP3o-style shards (``hub``): shard -> {key: the sample file it holds}. Each
     shard holds the kit's whole corpus of awkward and broken images under keys from 000000, as each
     shard of BLIP3o numbers its own samples; the second also a sample whose image is missing."""
-    from helpers import image_data
-
-    names = sorted(image_data.sample_files())
+    names = sorted(sample_files())
     shards = {f"shard-{n:03d}.tar": {f"{i:06d}": name for i, name in enumerate(names)} for n in range(2)}
     shards["shard-001.tar"][f"{len(names):06d}"] = "no image field"
     return shards
@@ -204,9 +214,7 @@ def blip_samples() -> dict[str, str]:
 
 def blip_shard_bytes() -> dict[str, bytes]:
     """:func:`blip_shards` as tar files (name -> bytes): ``<key>.jpg`` and a ``<key>.txt`` caption each."""
-    from helpers import image_data
-
-    files = image_data.sample_files()
+    files = sample_files()
     shards = {}
     for shard, samples in blip_shards().items():
         members = {}

@@ -5,7 +5,7 @@ in every supported format, corrupt EXIF blocks, and values that are not bytes at
 must end as a usable image or a reject with a reason; nothing may escape into Ray (one exception in
 a map task fails the whole job). Each test runs a fixed, reproducible set of cases
 (``derandomize``); set ``KIT_FUZZ_EXAMPLES`` to run more. What these tests found went into the
-corpus of broken files in ``helpers.image_data.sample_files`` and ``tests/test_images.py``.
+corpus of broken files in ``scripts/make_sample_images.py`` and ``tests/test_images.py``.
 """
 
 from __future__ import annotations

@@ -215,11 +215,11 @@ def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and
     BLIP3o-style shards on the stand-in Hub (keys restart in every shard, so resuming must key on shard
     + key; a sample with no image), restart the kernel while the run cell runs (after its first
     results), and run all again: it resumes, and every sample is written once."""
-    from conftest import blip_samples
+    from conftest import blip_samples, sample_files
     from helpers import image_data
 
     server, url, _ = hub
-    files = image_data.sample_files()
+    files = sample_files()
     broken_files = {k for k in files if k.startswith("broken_")}
     rows = [{"key": k, "jpg": {"bytes": v, "path": f"{k}.jpg"}} for k, v in files.items()]
     rows += [{"key": "null_image", "jpg": None},

@@ -143,9 +143,9 @@ def _good_parquet_images(folder: Path, layout: str) -> int:
     Face ``{bytes, path}`` rows with the bytes in them, the same with the bytes left out and each
     image's path (``datasets`` writing a local dataset of image files kept elsewhere), or a plain folder
     of image bytes in several files."""
-    from helpers import image_data
+    from conftest import SAMPLE_PHOTOS, sample_files
 
-    files = {k: v for k, v in image_data.sample_files().items() if k in image_data.SAMPLE_PHOTOS[:6]}
+    files = {k: v for k, v in sample_files().items() if k in SAMPLE_PHOTOS}
     folder.mkdir(parents=True)
     if layout == "hf-bytes":
         pd.DataFrame({"image": [{"bytes": b, "path": f"{k}.jpg"} for k, b in files.items()]}).to_parquet(

@@ -11,7 +11,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from helpers import data, pipeline, progress, report, run_folder
+from helpers import pipeline, progress, report, run_folder
 from helpers.pipeline import ENGINE, POSTPROCESS, REJECTED
 from helpers.presets import PRESETS
 
@@ -69,11 +69,21 @@ def rows(n=20):
     return pd.DataFrame({"id": [str(i) for i in range(n)], "name": names})
 
 
+def with_ids(batch: pd.DataFrame) -> pd.DataFrame:
+    """What the notebooks' readers add: each row's id, and why it is not sent to the model."""
+    names = batch["name"].fillna("").astype(str)
+    return batch.assign(**{pipeline.ROW_ID: batch["id"].astype(str),
+                           pipeline.REJECT_REASON: ["" if n.strip() else "empty value" for n in names]})
+
+
 def read(ray, tmp_path, frame):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
     frame.to_csv(tmp_path / "in.csv", index=False)
-    source = data.csv_input(str(tmp_path / "in.csv"), "name", "id", None)
-    ds = ray.data.read_csv(source.path, convert_options=source.convert_options, override_num_blocks=len(frame) // 4)
-    return ds.map_batches(data.add_row_ids, fn_kwargs={"text_column": "name", "id_column": "id"}, batch_format="pandas")
+    as_text = pacsv.ConvertOptions(column_types={"id": pa.string(), "name": pa.string()})
+    ds = ray.data.read_csv(str(tmp_path / "in.csv"), convert_options=as_text, override_num_blocks=len(frame) // 4)
+    return ds.map_batches(with_ids, batch_format="pandas")
 
 
 PLAN = PRESETS["text-cpu-offline"].override(batch_size=4, stage_cpus=0.1, startup_timeout_s=600)
@@ -158,7 +168,7 @@ def test_a_failed_run_resumes_where_it_stopped_and_writes_each_row_once(local_ra
     frame = rows(40)
     folder = run_folder.open_folder(str(tmp_path / "out"))
     run = folder.start(PLAN, fns, id_column="id", settings={})
-    limited = data.first_rows(read(local_ray, tmp_path, frame), 30)  # LIMIT 30 of the 40 rows
+    limited = pipeline.first_rows(read(local_ray, tmp_path, frame), 30)  # LIMIT 30 of the 40 rows
     with pytest.raises(Exception, match="the node went away"):
         pipeline.write(run, stand_in_processor(fns, str(fail), fail_on="29")(run.unfinished(limited, 30)), "predictions.parquet")
     fail.unlink()
@@ -216,3 +226,14 @@ def test_steady_state_and_files_per_run():
     gpu = PRESETS["text-llama8b-l4"]
     assert pipeline.rows_per_file(gpu, 1_000_000) == 10_000 and pipeline.rows_per_file(gpu, 6_400) == 256
     assert pipeline.rows_per_file(PRESETS["text-cpu-offline"], 1_000_000) == 64  # a CPU writes each batch
+
+
+def test_limit_keeps_the_first_rows_in_file_order_even_when_the_first_file_arrives_last(local_ray, tmp_path):
+    ray = local_ray
+    for n in range(4):
+        pd.DataFrame({"Company": [f"c{n}-{i}" for i in range(50)]}).to_csv(tmp_path / f"part-{n}.csv", index=False)
+    ds = ray.data.read_csv(str(tmp_path), override_num_blocks=8)
+    assert [r["Company"] for r in pipeline.first_rows(ds, 60).take_all()] == [f"c0-{i}" for i in range(50)] + [
+        f"c1-{i}" for i in range(10)]
+    resumed = ray.data.read_csv(str(tmp_path), override_num_blocks=8)
+    assert len(pipeline.first_rows(resumed, 60, done=45).take_all()) == 15  # the rest of LIMIT after a resume

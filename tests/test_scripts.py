@@ -132,6 +132,18 @@ def test_sample_customers_check_mode_detects_drift(repo, tmp_path, monkeypatch):
     assert generator.main() == 1
 
 
+@pytest.mark.parametrize("name", ["make_sample_images", "make_tiny_vlm"])
+def test_the_shipped_sample_image_shard_and_tiny_vlm_match_their_generators(name, monkeypatch, tmp_path):
+    """Byte for byte: the check mode fails on the committed files' drift, and passes on them as made."""
+    generator = load_script(name)
+    monkeypatch.setattr(sys, "argv", ["x", "--check"])
+    assert generator.main() == 0
+    stale = tmp_path / generator.OUT.name
+    (stale.mkdir() or (stale / "config.json").write_text("{}")) if generator.OUT.is_dir() else stale.write_bytes(b"old")
+    monkeypatch.setattr(generator, "OUT", stale)
+    assert generator.main() == 1
+
+
 def test_a_report_rendering_error_never_replaces_the_notebooks_outcome(tmp_path, monkeypatch, capsys):
     import papermill
 

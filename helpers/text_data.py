@@ -1,6 +1,6 @@
 """The text notebook's input: a CSV (file, folder, URL, bucket or ``hf://``) checked before anything
 starts (there, its columns, one encoding for every file, its rows counted or estimated), then each
-row's id and why it cannot be sent to the model, the first rows in file order, and the ids checked."""
+row's id and why it cannot be sent to the model."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ from typing import Any
 import pandas as pd
 
 from helpers import storage
-from helpers.parameters import Explained, ParameterError, raise_if, text
+from helpers.parameters import ParameterError, raise_if, text
+from helpers.pipeline import REJECT_REASON, ROW_ID
 
-ROW_ID = "row_id"  # every result row's id: ID_COLUMN's value, or a hash of the row's content
-REJECT_REASON = "reject_reason"  # why a row is not sent to the model ("" when it is)
 #: What a CSV that is not UTF-8 is read as: Windows' Western encoding, else Latin-1 (any byte).
 FALLBACK_ENCODINGS = ("cp1252", "latin-1")
 HEAD_BYTES = 1 << 20
@@ -136,19 +135,6 @@ def count_rows(files: list[str], fs, encoding: str) -> tuple[int | None, str]:
     return round(sum(sizes) * rows / len(used)), f"estimated from the first {len(used):,} bytes of {len(files)} files"
 
 
-def resolve(path: str | None) -> str:
-    """The bundled sample for None; a URL or bucket as it is; a local path absolute (Ray's workers do
-    not share the notebook's folder), and there."""
-    if path is None:
-        return str(sample_path())
-    if storage.is_remote(path):
-        return path
-    local = Path(path.removeprefix("file://")).expanduser().resolve()
-    if not local.exists():
-        raise FileNotFoundError(f"INPUT_PATH={path!r} does not exist (resolved to {local})")
-    return str(local)
-
-
 def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_column: Any) -> CsvInput:
     """``INPUT_PATH`` checked with ``TEXT_COLUMN``, ``ID_COLUMN`` and ``LABEL_COLUMN``: there, readable,
     holding those columns and rows, every file of one encoding; raise listing every problem."""
@@ -156,7 +142,7 @@ def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_co
     found += text("ID_COLUMN", id_column, optional=True) + text("LABEL_COLUMN", label_column, optional=True)
     raise_if(found)
     try:
-        path = resolve(input_path)
+        path = storage.absolute(input_path) if input_path is not None else str(sample_path())
         fs = storage.filesystem(path)
         files = storage.list_files(path, fs)
         if not files:
@@ -202,54 +188,3 @@ def add_row_ids(batch: pd.DataFrame, text_column: str, id_column: str | None) ->
         out[ROW_ID] = batch[id_column].astype(str)
     out[REJECT_REASON] = [reject_reason(v) for v in batch[text_column]]
     return out
-
-
-def first_rows(ds, limit: int | None, done: int = 0):
-    """The first ``limit`` rows in the input's order (files by name, rows in file order), the same rows
-    every run (Ray's ``limit`` alone keeps the first to arrive). ``done``: the rows an interrupted run
-    finished (``run.rows_done``). Resuming drops them as they are read, so the limit counts the rest."""
-    if not limit:
-        return ds
-    ds.context.execution_options.preserve_order = True
-    return ds.limit(max(limit - done, 0))
-
-
-class IdColumnError(Explained, ValueError):
-    """``ID_COLUMN`` has empty or repeated values."""
-
-
-class EmptyInputError(Explained, ValueError):
-    """The input holds no rows."""
-
-
-def check_ids(ds, column: str | None, sample: int = 200) -> list[dict[str, Any]]:
-    """The first ``sample`` rows, and in the same pass every id in ``column`` (only it comes to this
-    process, as an 8-byte hash per row): raise naming the empty and repeated ones and the fix."""
-    import numpy as np
-
-    kept, hashes, rows, empty = [], [], 0, 0
-    for batch in ds.iter_batches(batch_format="pandas", batch_size=65_536) if column else [ds.take(sample)]:
-        batch = pd.DataFrame(batch)
-        kept += batch.head(sample - len(kept)).to_dict("records") if len(kept) < sample else []
-        if column:
-            ids = batch[column].astype("string")
-            blank = ids.isna() | ids.str.strip().eq("")
-            rows, empty = rows + len(ids), empty + int(blank.sum())
-            hashes.append(pd.util.hash_array(ids[~blank].to_numpy(dtype=object)))
-    if not kept:
-        raise EmptyInputError("The input holds no rows to run on (after LIMIT and the rows already done).")
-    values, counts = np.unique(np.concatenate(hashes), return_counts=True) if hashes else ([], [])
-    repeated = int((np.asarray(counts) > 1).sum())
-    if empty or repeated:
-        named = pd.Series(dtype=int)
-        if repeated:  # a second pass, only now: the values behind the repeated hashes
-            wanted = set(np.asarray(values)[np.asarray(counts) > 1].tolist())
-            ids = pd.concat([b[column].astype("string") for b in ds.select_columns([column]).iter_batches(batch_format="pandas")])
-            named = ids[np.isin(pd.util.hash_array(ids.fillna("").to_numpy(dtype=object)), list(wanted))].value_counts()
-        said = ([f"{empty} of {rows} rows have no {column!r} value"] if empty else []) + (
-            [f"{repeated} values are shared by several rows: " + ", ".join(f"{v!r} ({n} rows)" for v, n in named.head(5).items())]
-            if repeated else [])
-        raise IdColumnError(f"ID_COLUMN={column!r} must give every row an id of its own, but {'; '.join(said)}. Results "
-                            "are matched to your rows, and an interrupted run resumed, by this id. Give those rows unique "
-                            "ids, or set ID_COLUMN=None to derive each row's id from its content (resuming is then off).")
-    return kept

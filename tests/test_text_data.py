@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from conftest import load_script
-from helpers import data
+from helpers import pipeline, text_data as data
 from helpers.parameters import ParameterError
 
 COLUMNS = ["Index", "Customer Id", "First Name", "Last Name", "Company", "City", "Country", "Phone 1", "Phone 2",
@@ -84,12 +84,12 @@ def test_reject_reason(value, reason):
 def test_row_ids_come_from_the_id_column_or_the_rows_content():
     batch = pd.DataFrame({"id": [7, 8, 9], "name": ["Apple", "", None]})
     out = data.add_row_ids(batch, "name", "id")
-    assert out[data.ROW_ID].tolist() == ["7", "8", "9"]
-    assert out[data.REJECT_REASON].tolist() == ["", "empty value", "missing value"]
-    hashed = data.add_row_ids(batch, "name", None)[data.ROW_ID]
-    again = data.add_row_ids(batch.iloc[::-1].reset_index(drop=True), "name", None)[data.ROW_ID]
+    assert out[pipeline.ROW_ID].tolist() == ["7", "8", "9"]
+    assert out[pipeline.REJECT_REASON].tolist() == ["", "empty value", "missing value"]
+    hashed = data.add_row_ids(batch, "name", None)[pipeline.ROW_ID]
+    again = data.add_row_ids(batch.iloc[::-1].reset_index(drop=True), "name", None)[pipeline.ROW_ID]
     assert hashed.is_unique and len(hashed[0]) == 16 and sorted(hashed) == sorted(again)
-    assert data.ROW_ID not in batch.columns
+    assert pipeline.ROW_ID not in batch.columns
 
 
 def test_users_csvs_as_they_come(local_ray, tmp_path):
@@ -105,22 +105,11 @@ def test_users_csvs_as_they_come(local_ray, tmp_path):
     with pytest.raises(Exception, match="Failed to read CSV file"):
         ray.data.read_csv(source.path, read_options=small_blocks).take_all()
     typed = ray.data.read_csv(source.path, read_options=small_blocks, convert_options=source.convert_options)
-    assert len(data.check_ids(typed, "Customer Id")) == 200 and typed.take_all()[-1]["Customer Id"] == "C-17"
+    assert len(pipeline.check_ids(typed, "Customer Id")) == 200 and typed.take_all()[-1]["Customer Id"] == "C-17"
     frame = pd.DataFrame({"Customer Id": ["a", "b", "a", "", None, "c", " "], "Company": list("ABCDEFG")})
     frame.to_csv(tmp_path / "ids.csv", index=False)
     ids = data.csv_input(str(tmp_path / "ids.csv"), "Company", "Customer Id", None)
-    with pytest.raises(data.IdColumnError) as err:
-        data.check_ids(ray.data.read_csv(ids.path, convert_options=ids.convert_options), "Customer Id")
+    with pytest.raises(pipeline.IdColumnError) as err:
+        pipeline.check_ids(ray.data.read_csv(ids.path, convert_options=ids.convert_options), "Customer Id")
     assert "3 of 7 rows have no 'Customer Id' value" in str(err.value) and "'a' (2 rows)" in str(err.value)
     assert "set ID_COLUMN=None" in str(err.value)
-
-
-def test_limit_keeps_the_first_rows_in_file_order_even_when_the_first_file_arrives_last(local_ray, tmp_path):
-    ray = local_ray
-    for n in range(4):
-        pd.DataFrame({"Company": [f"c{n}-{i}" for i in range(50)]}).to_csv(tmp_path / f"part-{n}.csv", index=False)
-    ds = ray.data.read_csv(str(tmp_path), override_num_blocks=8)
-    assert [r["Company"] for r in data.first_rows(ds, 60).take_all()] == [f"c0-{i}" for i in range(50)] + [
-        f"c1-{i}" for i in range(10)]
-    resumed = ray.data.read_csv(str(tmp_path), override_num_blocks=8)
-    assert len(data.first_rows(resumed, 60, done=45).take_all()) == 15  # the rest of LIMIT after a resume
