@@ -1,11 +1,11 @@
 """Helpers the batch-inference notebooks share, one module per concept, none with side effects at import.
 
-- ``data``: the text notebook's CSV input; ``image_data``: the captioning notebook's images; ``images``:
-  one image checked and resized to a vision model's grid.
+- ``text_data``: the text notebook's CSV input; ``images``: the captioning notebook's images, one by one
+  checked and resized to a vision model's grid, and read in their layouts.
 - ``presets``: the named configurations; ``config``: one fitted to your GPUs and rows, with its reasons.
 - ``cluster``: Ray started or joined, the GPUs read, the autoscaler asked; ``models``: the offline models.
 - ``run_folder``: ``OUTPUT_DIR``'s life; ``pipeline``: your functions guarded, the write, the tables.
-- ``progress``: what a running pipeline shows; ``report``: accuracy, charts and the summary;
-  ``labels``: the labels' token budget and each answer's confidence.
+- ``progress``: what a running pipeline shows; ``report``: the summary that accounts for every row;
+  ``labels``: the labels' token budget, each answer's confidence, accuracy and its charts.
 - ``storage``: paths, buckets and the Hub; ``parameters``: the parameters' shared checks.
 """

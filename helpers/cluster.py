@@ -1,13 +1,12 @@
-"""Ray for a run: its GPUs read (this machine's, or a cluster's node by node), Ray started or joined
-with room for every stage, what every node needs prepared, and a cluster's autoscaler asked for
-what is missing; a run that can never be scheduled is refused with the numbers instead of waiting.
+"""Ray for a run: the GPUs read (this machine's, or a cluster's), Ray started or joined with room for
+every stage, and a cluster's autoscaler asked for what is missing; a run that can never be scheduled,
+or whose model folder some node does not see, is refused with the numbers instead of waiting forever.
 
 The kit's only uses of Ray's internals are here, each marked ``Ray 2.60 internal`` with why."""
 
 from __future__ import annotations
 
 import ctypes
-import importlib
 import json
 import math
 import os
@@ -34,9 +33,8 @@ def _driver() -> Any:
 
 def local_gpus(driver: Any = None) -> tuple[int, str | None, float | None]:
     """This machine's CUDA GPUs (those ``CUDA_VISIBLE_DEVICES`` leaves): count, the first one's name and
-    memory in GiB, from the driver's library (``driver``: found on the loader's path). Not torch:
-    importing it took 3-10 s of the first cell on GPU machines and starts CUDA in the kernel. Any driver
-    error reads as no GPU, as torch reads it."""
+    GiB, from the driver's library; any driver error reads as no GPU. Not torch: importing it took
+    3-10 s of the first cell on GPU machines, and starts CUDA in the kernel."""
     driver = _driver() if driver is None else driver
     count, device, memory, text = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_size_t(0), ctypes.create_string_buffer(256)
     try:
@@ -86,8 +84,8 @@ class Gpus:
 
 
 def choose(cluster: Mapping[str, Any], gpu_type: str | None = None) -> Gpus:
-    """The GPU type to plan for: ``gpu_type`` where named, else the most numerous; its memory as
-    measured, else the kit's table. ``cluster``: :func:`visible`'s description."""
+    """The GPU type to plan for in ``cluster`` (:func:`visible`'s): ``gpu_type`` where named, else the
+    most numerous; its memory as measured here, else the kit's table."""
     nodes = [n for n in cluster.get("nodes", []) if n["gpus"]]
     totals: dict[str | None, int] = {}
     for n in nodes:
@@ -115,34 +113,10 @@ def read_cluster() -> dict[str, Any]:
     return {**ray.cluster_resources(), "nodes": nodes}
 
 
-def measure_memory(gpu_type: str | None, timeout_s: float = 30) -> float | None:
-    """One GPU's memory in GiB, read by a task on a node that has one; None where none is free in time."""
-    import ray
-
-    def total() -> float | None:
-        try:
-            import torch
-
-            return torch.cuda.get_device_properties(0).total_memory / 1024**3 if torch.cuda.is_available() else None
-        except Exception:  # no torch or no driver there: the table stands
-            return None
-
-    resources = {f"accelerator_type:{gpu_type}": 0.001} if gpu_type else {}
-    ref = ray.remote(num_gpus=1, num_cpus=0, resources=resources, max_retries=0)(total).remote()
-    if not ray.wait([ref], timeout=timeout_s)[0]:
-        ray.cancel(ref, force=True)
-        return None
-    try:
-        return ray.get(ref)
-    except Exception:
-        return None
-
-
 def visible(wait_s: float = 0, wanted: tuple[str, int] | None = None) -> dict[str, Any]:
-    """What ``PRESET="auto"`` plans on: the cluster ``RAY_ADDRESS`` names (each GPU type's memory
-    measured on one of its nodes; a cluster that scales from zero shows no GPUs until work asks for
-    them, so its autoscaler is asked for the ``wanted`` (type, count) and waited for up to ``wait_s``),
-    else this machine's GPUs, read before Ray starts."""
+    """What ``PRESET="auto"`` plans on: the cluster ``RAY_ADDRESS`` names (one that scales from zero shows
+    no GPUs until work asks: its autoscaler is asked for the ``wanted`` (type, count), waiting up to
+    ``wait_s``), else this machine's GPUs, read before Ray starts."""
     address = os.environ.get("RAY_ADDRESS")
     if address and address != "local":
         import ray
@@ -151,18 +125,11 @@ def visible(wait_s: float = 0, wanted: tuple[str, int] | None = None) -> dict[st
             _token_auth()
             ray.init(address=address, log_to_driver=False)
         found = read_cluster()
-        if not found.get("GPU") and wait_s:
-            if wanted:
-                gpu = {"GPU": 1.0, f"accelerator_type:{wanted[0]}": 0.001}
-                found = wait_for(found, [dict(gpu) for _ in range(wanted[1])],
-                                 lambda c: gpu_problems(c, wanted[0], 1, wanted[1]), timeout_s=wait_s)[0]
-            else:
-                deadline = time.monotonic() + wait_s
-                while not found.get("GPU") and time.monotonic() < deadline:
-                    time.sleep(5)
-                    found = read_cluster()
-        memory = {t: measure_memory(t) for t in {n["gpu_type"] for n in found["nodes"] if n["gpus"]}}
-        return {**found, "remote": True, "nodes": [{**n, "memory_gib": memory.get(n["gpu_type"])} for n in found["nodes"]]}
+        if not found.get("GPU") and wait_s and wanted:
+            gpu = {"GPU": 1.0, f"accelerator_type:{wanted[0]}": 0.001}
+            found = wait_for(found, [dict(gpu) for _ in range(wanted[1])],
+                             lambda c: gpu_problems(c, wanted[0], 1, wanted[1]), timeout_s=wait_s)[0]
+        return {**found, "remote": True}
     count, name, memory_gib = local_gpus()
     node = {"cpus": float(os.cpu_count() or 1), "gpus": count, "gpu_type": gpu_label(name) if count and name else None,
             "memory_gib": memory_gib}
@@ -174,9 +141,8 @@ def visible(wait_s: float = 0, wanted: tuple[str, int] | None = None) -> dict[st
 
 @dataclass(frozen=True)
 class Needs:
-    """What a run holds: engine replicas (one CPU each, and their GPUs), light stage actors, and room
-    for one light task. Actors hold their CPUs for the whole run; if they leave less than a task's
-    worth free, Ray's tasks wait forever without an error."""
+    """What a run holds: engine replicas (a CPU each, and their GPUs), light stage actors, and room for
+    a light task (actors hold their CPUs for the whole run; without that room Ray's tasks wait forever)."""
 
     replicas: int
     stage_actors: int
@@ -190,8 +156,8 @@ class Needs:
         return self.replicas + self.stage_cpus * self.stage_actors
 
     def bundles(self) -> list[dict[str, float]]:
-        """The shapes the autoscaler is asked for: a replica's CPU and GPUs (one bundle per GPU worker,
-        as Ray Data LLM places tp x pp), each light actor, one light task."""
+        """The shapes the autoscaler is asked for: each replica's (a bundle per GPU worker, as Ray Data
+        LLM places tp x pp), each light actor's, a light task's."""
         engine: list[dict[str, float]] = [{"CPU": 1.0}]
         if self.gpu_type:
             gpu = {"GPU": min(self.gpus_per_replica, 1.0), f"accelerator_type:{self.gpu_type}": 0.001}
@@ -216,8 +182,8 @@ def gpu_problems(cluster: Mapping[str, Any], gpu_type: str, per_replica: float, 
 
 
 def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
-    """What ``cluster`` lacks for ``needs``, in words: the CPUs in all, then every actor placed node by
-    node (largest first, as Ray places them) with a light task's room left on some node, then GPUs."""
+    """What ``cluster`` lacks for ``needs``, in words: CPUs in all, then every actor placed node by node
+    (largest first) with a light task's room left on some node, then GPUs."""
     if needs.reserved + needs.task_cpus > cluster.get("CPU", 0.0):
         return [f"the actors reserve {needs.reserved:g} CPUs and tasks need {needs.task_cpus:g} more, "
                 f"but the cluster has {cluster.get('CPU', 0.0):g} CPUs"]
@@ -247,10 +213,9 @@ class UnschedulableError(Explained, RuntimeError):
 
 
 def autoscaler_kind(v2_flag: bytes | None, status: bytes | None, now: float) -> str | None:
-    """What the GCS's records say of the cluster's autoscaler: ``"v2"`` (it marks itself), ``"v1"`` (Ray's
-    monitor's report, ``ray status``'s source, names node types of a cluster configuration), None (a
-    fresh report of only ``node_<id>`` types: a cluster started without ``--autoscaling-config``,
-    nothing can add a node) or ``"unknown"`` (no report, a stale one, or a platform's own autoscaler)."""
+    """The cluster's autoscaler from the GCS's records: ``"v2"`` (it marks itself), ``"v1"`` (the monitor's
+    report names node types of a cluster configuration), None (a fresh report of ``node_<id>`` types
+    only: nothing can add a node) or ``"unknown"`` (no report, a stale one, a platform's own)."""
     if v2_flag == b"1":
         return "v2"
     try:
@@ -282,22 +247,11 @@ def detect_autoscaler(wait_s: float = 12) -> str | None:
         time.sleep(2)
 
 
-def _state():
-    # Ray 2.60 internal: autoscaler v2's reply to the GCS (it holds the infeasible requests).
-    from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
-    from ray.experimental.internal_kv import internal_kv_get_gcs_client
-
-    reply = GetClusterStatusReply()
-    reply.ParseFromString(internal_kv_get_gcs_client().get_cluster_status(timeout_s=10))
-    return reply
-
-
 def wait_for(cluster: dict[str, Any], shapes: list[dict[str, float]], missing: Callable[[dict[str, Any]], list[str]],
              *, timeout_s: float, poll_s: float = 5) -> tuple[dict[str, Any], str]:
-    """Ask the cluster's autoscaler for ``shapes`` and wait up to ``timeout_s`` until ``missing`` finds
-    nothing; return the cluster then, and why it still falls short ("" when it does not): no autoscaler
-    (at once), one that reports the request infeasible (v2), or the time ran out. The request is always
-    withdrawn: Ray keeps it past this driver and it would hold the nodes up for good."""
+    """Ask the autoscaler for ``shapes`` and wait up to ``timeout_s`` until ``missing`` finds nothing;
+    return the cluster and why it still falls short ("" if not): no autoscaler (said at once), or the time
+    ran out. The request is always withdrawn: Ray would keep it for good."""
     from ray.autoscaler.sdk import request_resources
 
     from helpers.progress import say
@@ -307,7 +261,6 @@ def wait_for(cluster: dict[str, Any], shapes: list[dict[str, float]], missing: C
         return cluster, "The cluster has no autoscaler that could add nodes."
     started = time.monotonic()
     request_resources(bundles=shapes)
-    version = _state().cluster_resource_state.cluster_resource_state_version if kind == "v2" else 0
     try:
         say(f"Waiting up to {timeout_s:g} s (startup_timeout_s) for the cluster's autoscaler to add nodes: "
             f"{'; '.join(missing(cluster))}.")
@@ -317,10 +270,6 @@ def wait_for(cluster: dict[str, Any], shapes: list[dict[str, float]], missing: C
                 say(f"The autoscaler added them in {time.monotonic() - started:.0f} s: the cluster has "
                     f"{cluster.get('CPU', 0):g} CPUs and {cluster.get('GPU', 0):g} GPUs now.")
                 return cluster, ""
-            if kind == "v2":
-                state = _state().autoscaling_state
-                if state.last_seen_cluster_resource_state_version >= version and state.infeasible_cluster_resource_constraints:
-                    return cluster, "The cluster's autoscaler reports that none of its node types can provide them."
             if time.monotonic() - started >= timeout_s:
                 return cluster, (f"The cluster's autoscaler did not add them within {timeout_s:g} s: see `ray status` "
                                  "for its node types, limits and failed launches.")
@@ -332,49 +281,7 @@ def wait_for(cluster: dict[str, Any], shapes: list[dict[str, float]], missing: C
             pass
 
 
-# --- what every node prepares: the offline models and the sample images ---------------------------
-
-_recorded: list[dict[str, Any]] = []
-#: Ray's setup hook: every worker of the run prepares what the driver prepared, on its own node.
-HOOK = f"{__name__}.prepare_this_node"
-PREPARE_ENV = "LLM_KIT_NODE_CACHE"
-
-
-def record(builder: Callable[..., Any], cache: Path, what: str) -> None:
-    """Note that this process prepared ``builder(cache=cache)``: every node of a Ray started after this
-    prepares the same, at the same absolute path, before its workers read from it."""
-    spec = {"builder": f"{builder.__module__}.{builder.__qualname__}", "cache": str(Path(cache).expanduser().resolve()),
-            "what": what}
-    if spec not in _recorded:
-        _recorded.append(spec)
-
-
-class NodeCacheError(Explained, RuntimeError):
-    """A node cannot prepare what the run's tasks read there."""
-
-
-def _prepare(specs: Sequence[Mapping[str, Any]]) -> str:
-    """Prepare ``specs`` here; "" when done, else why not and what to do."""
-    import socket
-
-    for spec in specs:
-        module, _, name = spec["builder"].rpartition(".")
-        try:
-            getattr(importlib.import_module(module), name)(cache=Path(spec["cache"]))
-        except Exception as exc:
-            remedy = getattr(exc, "remedy", None) or ("Make that folder writable on every node, or set LLM_KIT_CACHE "
-                                                       "to a folder every node can write, at the same path on each")
-            return (f"the node {socket.gethostname()} cannot prepare {spec['what']} in {spec['cache']}: "
-                    f"{type(exc).__name__}: {exc}. {remedy}")
-    return ""
-
-
-def prepare_this_node() -> None:
-    """Ray's ``worker_process_setup_hook`` for a run (:data:`HOOK`)."""
-    if os.environ.get(PREPARE_ENV):
-        why = _prepare(json.loads(os.environ[PREPARE_ENV]))
-        if why:
-            raise NodeCacheError(why)
+# --- what every node must see ---------------------------------------------------------------------
 
 
 def job_env() -> dict[str, Any]:
@@ -385,17 +292,15 @@ def job_env() -> dict[str, Any]:
         return {}
 
 
-def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Mapping[str, Any]], timeout_s: float,
-                 env: Mapping[str, str] | None = None) -> list[Any]:
-    """``fn(*args)`` once on each of ``nodes`` (``ray.nodes()`` entries) at once, a zero-CPU task pinned
-    there and never retried; what each returned, or the error it failed with."""
+def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Mapping[str, Any]], timeout_s: float) -> list[Any]:
+    """``fn(*args)`` on each of ``nodes`` (``ray.nodes()``'s) at once, a zero-CPU task pinned there, never
+    retried; what each returned, or its error."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    options = {"runtime_env": {"env_vars": dict(env)}} if env else {}
     task = ray.remote(num_cpus=0, max_retries=0)(fn)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False), **options)
-            .remote(*args) for n in nodes]
+    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(*args)
+            for n in nodes]
     deadline, answers = time.monotonic() + timeout_s, []
     for ref in refs:
         try:
@@ -405,21 +310,26 @@ def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Ma
     return answers
 
 
-def prepare_every_node(timeout_s: float = 900) -> None:
-    """Prepare what this process prepared on every other live node now (a model converts in ~30 s),
-    so that the run starts with each one ready; raise naming each node that cannot, and its path."""
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        return f"({type(exc).__name__})"
+
+
+def blind_nodes(path: str, text: str, timeout_s: float = 120) -> list[str]:
+    """The addresses of the live nodes where ``path`` does not read as ``text`` (none with one node):
+    Ray's tasks read and write files on the node they run on."""
     import ray
 
-    here = ray.get_runtime_context().get_node_id()
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] != here]
-    if not _recorded or not nodes:
-        return
-    # The check's own workers skip the setup hook: a failing hook ends a worker with no reason given.
-    answers = on_each_node(_prepare, [list(_recorded)], nodes, timeout_s, env={"RAY_WORKER_PROCESS_SETUP_HOOK": ""})
-    found = [str(a) if isinstance(a, BaseException) else a for a in answers if a]
-    if found:
-        raise NodeCacheError("This run cannot start: what its tasks read cannot be prepared on every node:\n- "
-                             + "\n- ".join(found))
+    nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
+    if len(nodes) <= 1:
+        return []
+    return [n["NodeManagerAddress"] for n, seen in zip(nodes, on_each_node(_read, [path], nodes, timeout_s)) if seen != text]
+
+
+class NodeLocalModelError(Explained, RuntimeError):
+    """The model's folder is on this machine only: engines on other nodes would not find it."""
 
 
 def checkpoint_filter():
@@ -453,8 +363,8 @@ def _token_auth() -> None:
 
 
 def engine_env(plan: Any, joined: bool) -> dict[str, str]:
-    """The engines' environment variables, shipped in the processor's ``runtime_env``, which Ray shows in
-    its Dashboard: never a secret (``HF_TOKEN`` reaches the engines from their own environment)."""
+    """The engines' environment variables, for the processor's ``runtime_env`` (Ray's Dashboard shows
+    it: never a secret; ``HF_TOKEN`` reaches the engines from their own environment)."""
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TOKENIZERS_PARALLELISM": "false",
            "VLLM_CPU_KVCACHE_SPACE": str(plan.kv_cache_gib)}  # GiB, a whole number
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -468,9 +378,9 @@ def engine_env(plan: Any, joined: bool) -> dict[str, str]:
 
 
 def start(plan: Any, verbose: bool = False) -> dict[str, str]:
-    """Join the cluster ``RAY_ADDRESS`` names (a Ray job sets it), or start Ray on this machine with room
-    for every stage; ask the cluster's autoscaler for what it lacks; refuse what can never be scheduled;
-    prepare every node. Returns the engines' environment (the processor's ``runtime_env``)."""
+    """Join the cluster ``RAY_ADDRESS`` names (a Ray job sets it) or start Ray here with room for every
+    stage; ask the autoscaler for what is missing; refuse what can never be scheduled, or a model folder
+    some node does not see. Returns the engines' environment variables."""
     import logging
 
     import ray
@@ -494,10 +404,7 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
         ray.shutdown()
     if joined:
         _token_auth()
-        runtime_env: dict[str, Any] = {"env_vars": env}
-        if _recorded and "worker_process_setup_hook" not in job_env():
-            runtime_env = {"env_vars": {**env, PREPARE_ENV: json.dumps(_recorded)}, "worker_process_setup_hook": HOOK}
-        ray.init(address=address, log_to_driver=verbose, runtime_env=runtime_env)
+        ray.init(address=address, log_to_driver=verbose, runtime_env={"env_vars": env})
     else:  # a local Ray's workers inherit this process's environment
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(needs.reserved + needs.task_cpus)),
                  log_to_driver=verbose)
@@ -507,9 +414,15 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     found = problems(cluster, needs)
     if found:
         raise UnschedulableError("This run cannot be scheduled and would wait forever: " + "; ".join(found)
-                                 + (f". {why}" if why else "") + ". Set ACCELERATOR_TYPE to None (ENGINE) to run on "
+                                 + (f". {why}" if why else "") + ". Set ENGINE={'accelerator_type': None} to run on "
                                  "CPUs, lower the concurrency, or use a bigger cluster.")
-    prepare_every_node()
+    config = Path(plan.model_path) / "config.json"
+    blind = blind_nodes(str(config), config.read_text()) if config.is_file() else []
+    if blind:
+        raise NodeLocalModelError(
+            f"The model's folder {config.parent} is on this machine only: {', '.join(blind)} do not see it, and "
+            "engines placed there would not find it. Use a folder every node mounts (for the offline model, set "
+            "LLM_KIT_CACHE to one, e.g. /mnt/cluster_storage/llm-kit-cache), or a Hugging Face id for MODEL_SOURCE.")
     print(f"{'joined the Ray cluster at ' + address if joined else 'started a local Ray'}: {cluster.get('CPU', 0):g} CPUs "
           f"and {cluster.get('GPU', 0):g} GPUs; the run's actors hold {needs.reserved:g} CPUs")
     return env

@@ -56,10 +56,9 @@ class ConfigurationError(Explained, ValueError):
 
 def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any = None, limit: Any = None,
         gpus: Mapping[str, Any] | None = None) -> Preset:
-    """``PRESET`` (``"auto"``: fitted to the GPUs found, or to ``gpus``, a description as
-    :func:`helpers.cluster.visible` gives), with ``MODEL_SOURCE`` and ``ENGINE`` on top, and what a run
-    of its rows changes (``LIMIT``, else the ``source``'s where known); the model prepared, the checks
-    passed (errors raise, warnings printed). Every parameter is checked first."""
+    """``PRESET`` (``"auto"``: fitted to the GPUs found, or to ``gpus`` as :func:`helpers.cluster.visible`
+    describes them) with ``MODEL_SOURCE`` and ``ENGINE`` on top, fitted to the run's rows (``LIMIT``,
+    else the ``source``'s); the model prepared, the checks run (errors raise, warnings are printed)."""
     problems = [f"PRESET must be one of {names(task)}, got {preset!r}"] if preset not in names(task) else []
     problems += text("MODEL_SOURCE", model_source, optional=True) + positive_int("LIMIT", limit, optional=True)
     problems += check_engine(engine)
@@ -135,10 +134,11 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
     reasons["max_num_batched_tokens"] = f"what vllm.LLM takes per step on a {memory:.0f} GiB GPU (Ray alone: 2048)"
     seqs //= share
     if shape is not None:
-        free = memory_budget(memory, base.override(replicas_per_gpu=share).memory_share) - shape.weight_bytes() / tp
-        fits = int(free / (shape.kv_bytes_per_token * base.max_model_len / tp))
-        seqs = max(1, min(seqs, 2 ** int(math.log2(max(fits, 1)))))
-        reasons["max_num_seqs"] = f"~{free / GIB:.1f} GiB of KV cache per replica holds {fits} full-length sequences"
+        trial = base.override(model_source=model, accelerator_type=gpus.gpu_type, tensor_parallel_size=tp,
+                              replicas_per_gpu=share, gpu_memory_gib=memory)
+        seqs = _power_of_two(seqs, trial.full_sequences)
+        reasons["max_num_seqs"] = (f"~{trial.kv_bytes / GIB:.1f} GiB of KV cache per replica holds {trial.full_sequences} "
+                                   "full-length sequences")
     # Ray's engine stage admits 1.1 x max_num_seqs requests: keep twice that many rows queued per replica.
     batches = max(base.max_concurrent_batches, 2 * -(-math.ceil(1.1 * seqs) // base.batch_size))
     if batches > base.max_concurrent_batches:
@@ -148,6 +148,11 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
                          gpu_memory_gib=gpus.memory_gib if gpus.memory_basis == "measured" else None, max_num_seqs=seqs,
                          max_num_batched_tokens=step, max_concurrent_batches=batches,
                          description=f"auto: {gpus.count} x {gpus.gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
+
+
+def _power_of_two(cap: int, fits: int) -> int:
+    """The largest power of two at most ``fits`` and ``cap`` (at least 1)."""
+    return max(1, min(cap, 2 ** int(math.log2(max(fits, 1)))))
 
 
 def _cpu_dtype() -> tuple[str, str]:
@@ -169,7 +174,7 @@ SHORT_GPU_ROWS, ONE_PROCESS_ROWS = 1_000, {"text": 100, "vision": 30}
 
 
 def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
-    """The values the preset leaves to the kit, each with its reason, for a run of ``rows`` known rows."""
+    """The values the preset leaves to the kit, each with its reason, for a run of ``rows`` (if known)."""
     why = dict(p.reasons)
     changes: dict[str, Any] = {}
     if p.tokenize_stage is None:
@@ -206,8 +211,7 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
 
 
 def check(p: Preset, rows: int | None = None) -> list[str]:
-    """The throughput guide's rules with numbers: raise :class:`ConfigurationError` on what would fail;
-    return what would waste resources."""
+    """The throughput guide's rules, with numbers: raise on what would fail, return what would waste."""
     errors, warnings = [], []
     if p.batch_size * p.max_concurrent_batches < p.max_num_seqs:
         warnings.append(f"batch_size x max_concurrent_batches = {p.batch_size * p.max_concurrent_batches} < max_num_seqs = "
@@ -223,13 +227,9 @@ def check(p: Preset, rows: int | None = None) -> list[str]:
             errors.append(f"weights need {weights / GIB:.1f} GiB per GPU but a {p.accelerator_type} offers {budget / GIB:.1f} "
                           "GiB: use more GPUs per replica (tensor_parallel_size) or quantization")
         elif weights + kv > budget:
-            fits = int((budget - weights) / (shape.kv_bytes_per_token * p.max_model_len / p.world))
             warnings.append(f"weights {weights / GIB:.1f} GiB + KV cache for {p.max_num_seqs} sequences of {p.max_model_len} "
-                            f"tokens {kv / GIB:.1f} GiB > {budget / GIB:.1f} GiB per {p.accelerator_type}: only ~{fits} "
+                            f"tokens {kv / GIB:.1f} GiB > {budget / GIB:.1f} GiB per {p.accelerator_type}: only ~{p.full_sequences} "
                             "full-length sequences fit at once; lower max_model_len or max_num_seqs")
-    gpu = GPUS.get(p.accelerator_type or "")
-    if p.tensor_parallel_size > 1 and gpu and not gpu.nvlink:
-        warnings.append(f"tensor_parallel_size={p.tensor_parallel_size} on {gpu.name} goes over PCIe: prefer replicas")
     if p.num_blocks < 2 * p.replicas:
         warnings.append(f"num_blocks={p.num_blocks} < 2 x {p.replicas} replicas: the first batches come slowly")
     if rows and p.replicas > 1 and -(-rows // p.batch_size) < p.replicas:
@@ -261,20 +261,20 @@ def table(p: Preset) -> pd.DataFrame:
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(model_path: str, trust_remote_code: bool):
-    from transformers import AutoTokenizer
+def _load(kind: str, model_path: str, trust_remote_code: bool):
+    import transformers
 
-    return AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    return getattr(transformers, kind).from_pretrained(model_path, trust_remote_code=trust_remote_code)
 
 
 def tokenizer(p: Preset):
     """The model's tokenizer (transformers'), loaded once."""
-    return _tokenizer(p.model_path, p.trust_remote_code)
+    return _load("AutoTokenizer", p.model_path, p.trust_remote_code)
 
 
 def request_tokens(p: Preset, request: Mapping[str, Any]) -> int:
-    """Tokens of one request as the engine sees it: the chat template applied to its messages, with
-    each image's own vision tokens (the model's processor) and the answer's ``max_tokens``."""
+    """Tokens of one request as the engine sees it: the chat template applied, each image's vision
+    tokens (the model's processor), and the answer's ``max_tokens``."""
     messages = request["messages"]
     images = [part.get("image_pil") for m in messages if isinstance(m["content"], list) for part in m["content"]
               if part.get("type") != "text"]
@@ -283,24 +283,17 @@ def request_tokens(p: Preset, request: Mapping[str, Any]) -> int:
         tok = tokenizer(p)
         return len(tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"]) + answer
-    processor = _processor(p.model_path, p.trust_remote_code)
+    processor = _load("AutoProcessor", p.model_path, p.trust_remote_code)
     parts = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
               [part if part.get("type") == "text" else {"type": "image"} for part in m["content"]]} for m in messages]
     prompt = processor.apply_chat_template(parts, tokenize=False, add_generation_prompt=True)
     return len(processor(text=[prompt], images=images)["input_ids"][0]) + answer
 
 
-@functools.lru_cache(maxsize=4)
-def _processor(model_path: str, trust_remote_code: bool):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-
-
 def fit_context(p: Preset, requests: Sequence[Mapping[str, Any]], quantile: float = 0.99) -> Preset:
-    """``max_model_len`` from the requests your ``preprocess`` sends (their ``quantile`` with the answer,
-    rounded up to 64): spare context costs KV-cache memory, too little fails rows in the engine. Yours
-    (``ENGINE``) is kept, and too short a one refused; "auto" fits its sequences to the new length."""
+    """``max_model_len`` from the requests your ``preprocess`` sends (their ``quantile``, the answer
+    included, rounded up to 64): spare context costs KV cache, too little fails rows. Yours (``ENGINE``)
+    is kept, or refused if too short; "auto" fits its sequences to the new length."""
     if not requests:
         return p
     lengths = sorted(request_tokens(p, r) for r in requests)
@@ -317,26 +310,8 @@ def fit_context(p: Preset, requests: Sequence[Mapping[str, Any]], quantile: floa
         return p
     reasons = (*p.reasons, ("max_model_len", f"P{quantile * 100:g} of your requests ({needed} tokens), rounded up to 64"))
     fitted = p.override(max_model_len=length, reasons=reasons)
-    if p.name.startswith("auto") and p.accelerator_type and fitted.shape is not None:
-        free = memory_budget(fitted.gpu_memory, fitted.memory_share) - fitted.shape.weight_bytes() / p.tensor_parallel_size
-        fits = int(free / (fitted.shape.kv_bytes_per_token * length / p.tensor_parallel_size))
+    if p.name.startswith("auto") and fitted.full_sequences is not None:
         cap = engine_defaults(p.accelerator_type, fitted.gpu_memory)[1] // p.replicas_per_gpu
-        fitted = fitted.override(max_num_seqs=max(1, min(cap, 2 ** int(math.log2(max(fits, 1))))))
+        fitted = fitted.override(max_num_seqs=_power_of_two(cap, fitted.full_sequences))
     check(fitted)
     return fitted
-
-
-def overview(task: str) -> pd.DataFrame:
-    """The presets for ``task``, one row each, with what the checks find in each on its own hardware."""
-    rows = []
-    for p in PRESETS.values():
-        if p.task != task:
-            continue
-        try:
-            found = "; ".join(check(p)) or "passes"
-        except ConfigurationError as exc:
-            found = str(exc)
-        rows.append({"preset": p.name, "model": p.model_source, "GPU": p.accelerator_type or "CPU",
-                     "replicas": p.concurrency, "GPUs per replica": p.gpus_per_replica, "batch": p.batch_size,
-                     "max_model_len": p.max_model_len, "checks": found, "about": p.description})
-    return pd.DataFrame(rows).set_index("preset")

@@ -1,119 +1,83 @@
-"""Image validation, normalisation and resizing for vision-language models.
-
-``prepare_image`` is the one call a pipeline needs: it refuses what would crash or hang a run
-(empty files, non-images, unsupported formats, decompression bombs, truncated or corrupt data) with
-a short reason, and turns everything else into an RGB image of a size the model's vision encoder
-tiles exactly. Unlike a bare ``Image.open`` (which reads only the header), it decodes the image, so
-a truncated JPEG is caught here and not in the middle of inference.
-
-Pillow does the work: it is the library vLLM and Hugging Face processors use, so what passes here
-is what the engine will accept.
-"""
+"""The captioning notebook's images. One image: what would crash or hang a run (empty files,
+non-images, unsupported formats, bombs, truncated or corrupt data) refused with a short reason; the
+rest decoded (a truncated JPEG is caught here, not mid-inference), oriented, made RGB and resized to
+the vision encoder's grid, with Pillow, as vLLM and Hugging Face processors use it. The input: checked
+before anything starts, and read from a folder, a bucket or ``hf://`` in one of three layouts
+(``INPUT_FORMAT``): ``webdataset`` (``.tar`` shards, as BLIP3o ships), ``parquet`` (image bytes or
+the Hugging Face ``{bytes, path}`` struct) and ``images`` (a folder of files: a stray one is rejected,
+not skipped). Then the results, on a grid."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import math
+import posixpath
+import tarfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from struct import error as struct_error
 from typing import Any
 
 import numpy as np
-from struct import error as struct_error
-
+import pandas as pd
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from helpers import storage
+from helpers.parameters import ParameterError, flag, number_in, positive_int, raise_if, text
+from helpers.pipeline import REJECT_REASON, ROW_ID, check_ids, first_rows
 
 #: Formats the kit accepts (Pillow's names). MPO is what many cameras write for JPEGs.
 ALLOWED_FORMATS = frozenset({"JPEG", "MPO", "PNG", "WEBP", "GIF", "BMP", "TIFF"})
 #: Refuse images above this many pixels before decoding them (a 12 MP photo is 12_000_000).
 DEFAULT_MAX_PIXELS = 50_000_000
+#: Pixels per vision token along each side: Qwen2-VL and Qwen2.5-VL merge 14-pixel patches 2 x 2.
+TOKEN_PIXELS = 28
 
 
-@dataclass(frozen=True)
-class VisionGrid:
-    """How a vision encoder tiles an image: ``patch`` pixels per patch, ``merge`` x ``merge``
-    patches per token (Qwen2-VL / Qwen2.5-VL: 14 and 2, so one token per 28 x 28 pixels)."""
-
-    patch: int = 14
-    merge: int = 2
-
-    @property
-    def factor(self) -> int:
-        return self.patch * self.merge
-
-    def tokens(self, width: int, height: int) -> int:
-        """Vision tokens for an image of this size (already a multiple of ``factor``)."""
-        return (width // self.factor) * (height // self.factor)
+def vision_tokens(width: int, height: int, factor: int = TOKEN_PIXELS) -> int:
+    """Vision tokens for an image of this size (already a multiple of ``factor``)."""
+    return (width // factor) * (height // factor)
 
 
-QWEN2_VL_GRID = VisionGrid(14, 2)
-
-
-def fit_size(width: int, height: int, max_tokens: int, grid: VisionGrid = QWEN2_VL_GRID,
-             keep_aspect: bool = True) -> tuple[int, int]:
-    """Target size: multiples of the grid's factor, at most ``max_tokens`` vision tokens, aspect kept.
-
-    With ``keep_aspect=False`` the image becomes the largest square within the budget.
-    """
+def fit_size(width: int, height: int, max_tokens: int, keep_aspect: bool = True, factor: int = TOKEN_PIXELS) -> tuple[int, int]:
+    """Target size: multiples of ``factor``, at most ``max_tokens`` vision tokens, the aspect kept (else
+    the largest square within the budget), never scaled up past the original."""
     if width < 1 or height < 1:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     if max_tokens < 1:
         raise ValueError("max_tokens must be >= 1")
-    f = grid.factor
     if not keep_aspect:
         side = max(1, math.isqrt(max_tokens))
-        return side * f, side * f
-    # Largest scale s with round(w*s/f) * round(h*s/f) <= max_tokens, never upscaling past the original.
-    scale = min(1.0, math.sqrt(max_tokens * f * f / (width * height)))
-    while True:
-        cols = max(1, round(width * scale / f))
-        rows = max(1, round(height * scale / f))
+        return side * factor, side * factor
+    scale = min(1.0, math.sqrt(max_tokens * factor * factor / (width * height)))
+    while True:  # the largest scale whose rounded grid fits the budget
+        cols, rows = max(1, round(width * scale / factor)), max(1, round(height * scale / factor))
         if cols * rows <= max_tokens or (cols == 1 and rows == 1):
-            return cols * f, rows * f
+            return cols * factor, rows * factor
         scale *= 0.98
 
 
 class ImageRejected(ValueError):
-    """The input cannot be used; ``reason`` says why in a few words."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+    """The input cannot be used; the message says why in a few words."""
 
 
 @dataclass(frozen=True)
 class PreparedImage:
     image: Image.Image
     source_format: str
-    source_mode: str
     source_size: tuple[int, int]
     vision_tokens: int
-
-
-@contextlib.contextmanager
-def _pixel_limit() -> Iterator[None]:
-    """Make ``max_pixels`` the one pixel limit for one image.
-
-    Pillow warns above its own ``Image.MAX_IMAGE_PIXELS`` (~89 MP by default) and raises above twice
-    that, whatever the caller allows: a 100 MP scan would be refused even with ``MAX_PIXELS`` at
-    200,000,000. Pillow checks the size from the header when it opens a file; :func:`open_checked`
-    checks the same size against ``max_pixels`` right after, before anything is decoded. So for the
-    duration of one image Pillow's limit is lifted, and ours is the only one.
-    """
-    previous = Image.MAX_IMAGE_PIXELS
-    Image.MAX_IMAGE_PIXELS = None
-    try:
-        yield
-    finally:
-        Image.MAX_IMAGE_PIXELS = previous
 
 
 def reason_for(exc: BaseException, part: str = "data") -> str:
     """A short, human reason for an exception raised while reading one image."""
     if isinstance(exc, ImageRejected):
-        return exc.reason
+        return str(exc)
     if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         return "too many pixels (decompression bomb refused before decoding)"
     if isinstance(exc, MemoryError):
@@ -152,19 +116,9 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 
 
 def _scaled_to_8_bits(image: Image.Image) -> Image.Image:
-    """Stretch a 16-bit, 32-bit integer or float greyscale image to 0-255, in bounded memory.
-
-    16-bit images go through a 65,536-entry lookup table (no copy larger than the 8-bit result);
-    32-bit and float images through one float32 copy, scaled in place (never float64).
-    """
-    array = np.asarray(image)
-    if image.mode in _SIXTEEN_BIT:
-        array = array.astype(np.uint16, copy=False)
-        low, high = int(array.min()), int(array.max())
-        levels = np.arange(65536, dtype=np.float32)
-        lut = np.zeros(65536, np.uint8) if high <= low else np.clip((levels - low) * (255.0 / (high - low)), 0, 255)
-        return Image.fromarray(lut.round().astype(np.uint8)[array], "L")
-    values = array.astype(np.float32)
+    """A 16-bit, 32-bit integer or float greyscale image stretched to 0-255, through one float32 copy
+    scaled in place (never float64: a 50-megapixel scan stays at 200 MB)."""
+    values = np.asarray(image).astype(np.float32)
     finite = np.isfinite(values)
     values[~finite] = 0
     low, high = (float(values[finite].min()), float(values[finite].max())) if finite.any() else (0.0, 0.0)
@@ -200,35 +154,34 @@ def _orientation(image: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def prepare_image(data: Any, *, max_tokens: int, grid: VisionGrid = QWEN2_VL_GRID, keep_aspect: bool = True,
-                  max_pixels: int = DEFAULT_MAX_PIXELS) -> PreparedImage:
-    """Validate, decode, orient, convert to RGB and resize ``data`` for a vision-language model.
+def prepare_image(data: Any, *, max_tokens: int, keep_aspect: bool = True, max_pixels: int = DEFAULT_MAX_PIXELS) -> PreparedImage:
+    """``data`` validated, decoded, oriented, made RGB and resized; anything unusable (any bytes at all,
+    any value that is not bytes) raises :class:`ImageRejected` with a short reason, nothing else."""
+    # Pillow refuses images over twice its own limit (~89 MP) whatever MAX_PIXELS allows: for this
+    # image, open_checked's check of max_pixels (from the header, before decoding) is the only one.
+    previous, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+    try:
+        return _prepare(data, max_tokens, keep_aspect, max_pixels)
+    except ImageRejected:
+        raise
+    except Exception as exc:  # whatever Pillow or numpy raise for one file: that file's reason
+        raise ImageRejected(reason_for(exc)) from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
 
-    Raises :class:`ImageRejected` with a short reason for anything unusable: any bytes at all, and
-    any value that is not bytes, end as a prepared image or a reason, never another exception.
-    """
-    with _pixel_limit():
-        try:
-            return _prepare(data, max_tokens, grid, keep_aspect, max_pixels)
-        except ImageRejected:
-            raise
-        except Exception as exc:  # whatever Pillow or numpy raise for one file: that file's reason
-            raise ImageRejected(reason_for(exc)) from None
 
-
-def _prepare(data: Any, max_tokens: int, grid: VisionGrid, keep_aspect: bool, max_pixels: int) -> PreparedImage:
+def _prepare(data: Any, max_tokens: int, keep_aspect: bool, max_pixels: int) -> PreparedImage:
     image = open_checked(data, max_pixels)
-    source_format, source_mode, source_size = image.format, image.mode, image.size
+    source_format, source_size = image.format, image.size
     oriented_w, oriented_h = source_size
     orientation = _orientation(image)
     if orientation in (5, 6, 7, 8):  # these rotate by 90 degrees: width and height swap
         oriented_w, oriented_h = oriented_h, oriented_w
-    target = fit_size(oriented_w, oriented_h, max_tokens, grid, keep_aspect)
+    target = fit_size(oriented_w, oriented_h, max_tokens, keep_aspect)
     if getattr(image, "n_frames", 1) > 1:
         image.seek(0)  # animated GIF/WebP/TIFF: the first frame
     if image.format in ("JPEG", "MPO"):
-        # Draft mode decodes a JPEG at 1/2, 1/4 or 1/8 scale straight from its DCT
-        # coefficients: far less work when the target is much smaller than the photo.
+        # Draft mode decodes a JPEG at 1/2, 1/4 or 1/8 scale: far less work for a small target.
         draft_size = (target[1], target[0]) if oriented_w != source_size[0] else target
         image.draft("RGB", draft_size)
     image.load()
@@ -237,5 +190,296 @@ def _prepare(data: Any, max_tokens: int, grid: VisionGrid, keep_aspect: bool, ma
     image = to_rgb(image)
     if image.size != target:
         image = image.resize(target, Image.Resampling.BICUBIC, reducing_gap=3.0)
-    return PreparedImage(image=image, source_format=source_format, source_mode=source_mode,
-                         source_size=source_size, vision_tokens=grid.tokens(*target))
+    return PreparedImage(image, source_format, source_size, vision_tokens(*target))
+
+
+FORMATS = ("webdataset", "parquet", "images")
+SOURCE, IMAGE, IMAGE_BYTES = "source", "image", "image_bytes"
+SAMPLE_ID = "sample_id"  # a webdataset sample's shard (its path under INPUT_PATH) and key
+ROW_HASH = "row_hash"  # Ray's hash of a parquet row's file and position
+#: The columns every result row keeps of its image (never the image itself).
+KEPT = (SOURCE, "width", "height", "vision_tokens")
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """What the notebook reads: the path, its layout, the field holding the image, the column each
+    image is told apart by (and resumed on), and how many images there are (None: not known)."""
+
+    path: str
+    fs: Any
+    format: str
+    image_column: str
+    id_column: str | None  # ID_COLUMN (parquet only)
+    rows: int | None
+    rows_basis: str
+
+    @property
+    def shown(self) -> str:
+        return storage.redact(self.path)
+
+    @property
+    def source_id(self) -> str:
+        """The column that identifies an image in the source as read: what resuming keys on."""
+        return {"webdataset": SAMPLE_ID, "images": "path", "parquet": self.id_column or ROW_HASH}[self.format]
+
+    @property
+    def kept(self) -> list[str]:
+        return [*KEPT, self.source_id]
+
+
+def detect_format(files: list[str]) -> str:
+    """The layout ``files`` (as :func:`helpers.storage.list_files` lists them) are in."""
+    suffixes = {Path(n.split("?")[0]).suffix.lower() for n in files}
+    if suffixes and suffixes <= {".tar"}:
+        return "webdataset"
+    if suffixes and suffixes <= {".parquet"}:
+        return "parquet"
+    if suffixes & {".tar", ".parquet"}:
+        raise ValueError(f"INPUT_PATH mixes .tar or .parquet files with others ({sorted(suffixes)}); set INPUT_FORMAT "
+                         f"to one of {FORMATS}, or point INPUT_PATH at one kind")
+    return "images"
+
+
+def count_images(files: list[str], layout: str, fs=None) -> tuple[int | None, str]:
+    """Images counted (files, parquet footers) or estimated (the first shard's first 8 MiB)."""
+    try:
+        if layout == "images":
+            return len(files), f"counted: {len(files)} files"
+        filesystem, wheres = storage.resolve(files[0], fs)[0], [storage.resolve(f, fs)[1] for f in files]
+        if layout == "parquet":
+            import pyarrow.dataset as pads
+
+            return pads.dataset(wheres, filesystem=filesystem, format="parquet").count_rows(), "counted: parquet footers"
+        head, keys, end = storage.read_head(files[0], 8 << 20, fs), set(), 0
+        with contextlib.suppress(tarfile.ReadError, EOFError), tarfile.open(fileobj=io.BytesIO(head), mode="r|") as tar:
+            for member in tar:  # whole samples only: the read may stop inside one
+                if member.isfile() and member.offset_data + member.size <= len(head):
+                    keys.add(member.name.rsplit(".", 1)[0])
+                    end = member.offset_data + member.size
+        sizes = sum(i.size or 0 for i in filesystem.get_file_info(wheres))
+        if not keys:
+            return None, "no whole sample in the first shard's first 8 MiB"
+        if len(files) == 1 and len(head) >= sizes:
+            return len(keys), f"counted: {len(keys)} samples"
+        return round(sizes * len(keys) / end), f"estimated from the first {end:,} bytes of {len(files)} shards"
+    except Exception as exc:  # a size is a nicety, never a reason to stop
+        return None, f"could not be sized ({type(exc).__name__})"
+
+
+def image_input(input_path: Any, input_format: Any, image_column: Any, id_column: Any) -> ImageInput:
+    """``INPUT_PATH`` (None: the bundled sample) checked with ``INPUT_FORMAT``, ``IMAGE_COLUMN`` and
+    ``ID_COLUMN`` (parquet only, and a column there); raise listing every problem."""
+    found = text("INPUT_PATH", input_path, optional=True) + text("IMAGE_COLUMN", image_column)
+    found += text("ID_COLUMN", id_column, optional=True)
+    if input_format not in ("auto", *FORMATS):
+        found.append(f"INPUT_FORMAT must be auto, webdataset, parquet or images, got {input_format!r}")
+    raise_if(found)
+    try:
+        path = str(sample_path()) if input_path is None else storage.absolute(input_path)
+        fs = storage.filesystem(path)
+        files = storage.list_files(path, fs)
+        layout = input_format if input_format != "auto" else detect_format(files)
+        if id_column is not None and layout != "parquet":
+            found.append(f"ID_COLUMN={id_column!r} applies to parquet input only; this input is {layout}, where each "
+                         "image's id is its shard and key or its file path: set ID_COLUMN=None")
+        elif id_column is not None:
+            import pyarrow.parquet as pq
+
+            filesystem, where = storage.resolve(files[0], fs)
+            if id_column not in (columns := pq.read_schema(where, filesystem=filesystem).names):
+                found.append(f"ID_COLUMN={id_column!r} is not a column of {storage.redact(path)}; its columns: {columns}")
+    except (OSError, ValueError) as exc:
+        raise ParameterError(f"Invalid parameters:\n  - {exc}") from None
+    raise_if(found)
+    rows, basis = count_images(files, layout, fs)
+    print(f"input: {storage.redact(path)} ({layout}; {basis})")
+    return ImageInput(path, fs, layout, image_column, id_column, rows, basis)
+
+
+def check_prompt(prompt: Any, max_tokens: Any, temperature: Any, image_tokens: Any, keep_aspect: Any, max_pixels: Any) -> None:
+    found = text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2)
+    found += number_in("IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect)
+    found += positive_int("MAX_PIXELS", max_pixels)
+    raise_if(found)
+
+
+def _fields(spec: str) -> tuple[str, ...]:
+    """``IMAGE_COLUMN``'s alternatives, webdataset's notation: ``"jpg;png"``."""
+    return tuple(f.strip().lower() for f in spec.split(";") if f.strip())
+
+
+def _present(value: Any) -> bool:
+    """A value, not a null; a Hugging Face image struct with its bytes or a path."""
+    if isinstance(value, dict):
+        return _present(value.get("bytes")) or _present(value.get("path"))
+    return value is not None and value is not pd.NA and not (isinstance(value, float) and np.isnan(value))
+
+
+def image_value(value: Any, field: str, read_path: Callable[[str], tuple[bytes, str]] | None = None) -> tuple[bytes, str]:
+    """A row's image bytes and "", or b"" and why there are none. Plain bytes, or the Hugging Face struct
+    with its bytes embedded or a ``path`` to read (as ``datasets`` writes a local dataset)."""
+    if isinstance(value, dict):
+        value, path = value.get("bytes"), value.get("path")
+        if not _present(value) and _present(path) and path and read_path is not None:
+            return read_path(str(path))
+    if not _present(value):
+        return b"", f"no {field!r} value in this row"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), ""
+    if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
+        return value.tobytes(), ""
+    return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
+
+
+def image_values(batch: pd.DataFrame, spec: str, readers: list | None = None) -> list[tuple[bytes, str]]:
+    """:func:`image_value` of each row's first field of ``spec`` that holds one (case ignored)."""
+    wanted = _fields(spec)
+    columns = sorted((c for c in batch.columns if str(c).lower() in wanted), key=lambda c: wanted.index(str(c).lower()))
+    out = []
+    for i, row in enumerate(batch[columns].to_dict("records") if columns else [{}] * len(batch)):
+        name = next((c for c in columns if _present(row[c])), None)
+        out.append(image_value(row[name] if name else None, name or spec, readers[i] if readers else None))
+    return out
+
+
+def _rows(ids: list[str], sources: list[str], pairs: list[tuple[bytes, str]]) -> pd.DataFrame:
+    return pd.DataFrame({ROW_ID: ids, SOURCE: sources, IMAGE_BYTES: [b for b, _ in pairs], REJECT_REASON: [r for _, r in pairs]})
+
+
+def relative_shard(url: str, root: str) -> str:
+    """The shard's path under ``root`` (``INPUT_PATH``), or its name when ``root`` is the shard. Keys
+    repeat across shards and shard names across folders, so this and the key identify a sample."""
+    shard, top = (p.split("://", 1)[-1].strip("/") for p in (url, root))
+    if shard == top or not top:
+        return shard.rsplit("/", 1)[-1]
+    return shard[len(top) + 1:] if shard.startswith(top + "/") else shard
+
+
+def _decode(sample: dict[str, Any], root: str) -> dict[str, Any]:
+    """Webdataset decoder: every field's bytes as they are (decoding happens in :func:`prepare_batch`,
+    where a failure is a reason), and the sample's id."""
+    return {**sample, SAMPLE_ID: f"{relative_shard(str(sample.get('__url__') or ''), root)}/{sample.get('__key__')}"}
+
+
+def _from_webdataset(batch: pd.DataFrame, image_column: str) -> pd.DataFrame:
+    ids, keys = batch[SAMPLE_ID].astype(str).tolist(), batch["__key__"].astype(str).tolist()
+    sources = [f"{i[: -len(k) - 1]}:{k}" for i, k in zip(ids, keys)]
+    return _rows(ids, sources, image_values(batch, image_column)).assign(**{SAMPLE_ID: ids})
+
+
+def _reader(parquet_file: str, filesystem) -> Callable[[str], tuple[bytes, str]]:
+    def read(image_path: str) -> tuple[bytes, str]:
+        where = image_path if image_path.startswith("/") else posixpath.join(posixpath.dirname(parquet_file), image_path)
+        try:
+            with filesystem.open_input_stream(where) as f:
+                return f.read(), ""
+        except Exception as exc:  # that row's reason, never the run's
+            return b"", f"the image file {image_path!r} this row names could not be read ({type(exc).__name__})"
+    return read
+
+
+def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None, root: str, filesystem) -> pd.DataFrame:
+    fs = storage.resolve(root, filesystem)[0]
+    pairs = image_values(batch, image_column, [_reader(str(p), fs) for p in batch["path"]])
+    ids = batch[id_column].astype(str).tolist() if id_column else [f"{int(h):016x}" for h in batch[ROW_HASH]]
+    out = _rows(ids, [f"{Path(str(p)).name}:{i}" for p, i in zip(batch["path"], ids)], pairs)
+    kept = id_column or ROW_HASH
+    out[kept] = batch[kept].to_numpy()
+    return out
+
+
+def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
+    paths = [str(p) for p in batch["path"]]
+    return _rows(paths, [Path(p).name for p in paths], image_values(batch, "bytes")).assign(path=paths)
+
+
+def read(source: ImageInput, *, num_blocks: int, num_cpus: float, limit: int | None = None, check_rows: int = 20):
+    """Rows ``{row_id, source, image_bytes, reject_reason, <source id>}`` of ``source``, the first
+    ``limit`` in file order; a layout wrong as a whole (none of the first rows has the image field) and
+    empty or repeated ``ID_COLUMN`` values stop here."""
+    import ray
+
+    common = {"num_cpus": num_cpus, "filesystem": source.fs, "override_num_blocks": num_blocks}
+    if source.format == "webdataset":
+        ds = ray.data.read_webdataset(source.path, decoder=functools.partial(_decode, root=source.path), include_paths=True, **common)
+        fn, kwargs = _from_webdataset, {"image_column": source.image_column}
+    elif source.format == "parquet":
+        ds = ray.data.read_parquet(source.path, include_paths=True, include_row_hash=not source.id_column, **common)
+        fn, kwargs = _from_parquet, {"image_column": source.image_column, "id_column": source.id_column,
+                                     "root": source.path, "filesystem": source.fs}
+    else:
+        ds = ray.data.read_binary_files(source.path, include_paths=True, **common)
+        fn, kwargs = _from_files, {}
+    first = ds.take(check_rows)
+    if not first:
+        raise ParameterError(f"INPUT_PATH={source.path!r} holds no {source.format} rows: nothing to caption.")
+    wanted = _fields(source.image_column)
+    if source.format != "images" and not any(_present(v) for r in first for k, v in r.items() if str(k).lower() in wanted):
+        there = sorted({k for r in first for k, v in r.items() if _present(v) and not k.startswith("__")} - {"path", SAMPLE_ID, ROW_HASH})
+        raise ParameterError(f"none of the first {len(first)} {source.format} rows has a {source.image_column!r} value; "
+                             f"they have: {there}. Set IMAGE_COLUMN to the field that holds the image bytes (alternatives "
+                             "separated by ';').")
+    ds = first_rows(ds.map_batches(fn, fn_kwargs=kwargs, batch_format="pandas", num_cpus=num_cpus), limit)
+    if source.id_column:
+        check_ids(ds, source.id_column)
+    return ds
+
+
+def prepare_batch(batch: pd.DataFrame, *, max_tokens: int, keep_aspect: bool = True,
+                  max_pixels: int = DEFAULT_MAX_PIXELS) -> pd.DataFrame:
+    """Each image decoded, checked, oriented, made RGB and resized to at most ``max_tokens`` vision tokens;
+    one that cannot be gets a ``reject_reason`` instead. Nothing raises for one row; the raw bytes go."""
+    rows = []
+    for raw, reason in zip(batch[IMAGE_BYTES], batch[REJECT_REASON] if REJECT_REASON in batch else [""] * len(batch)):
+        try:
+            if reason:
+                raise ImageRejected(reason)
+            p = prepare_image(raw, max_tokens=max_tokens, keep_aspect=keep_aspect, max_pixels=max_pixels)
+            rows.append((np.asarray(p.image), p.image.width, p.image.height, p.vision_tokens, ""))
+        except Exception as exc:  # prepare_image raises only ImageRejected; anything else is one row's too
+            rows.append((None, 0, 0, 0, reason_for(exc) or "not an image"))
+    out = pd.DataFrame(rows, columns=[IMAGE, "width", "height", "vision_tokens", REJECT_REASON])
+    return pd.concat([batch.drop(columns=[IMAGE_BYTES, REJECT_REASON], errors="ignore").reset_index(drop=True), out], axis=1)
+
+
+def example(image_tokens: int, keep_aspect: bool = True) -> dict[str, Any]:
+    """A prepared row holding the largest image the budget allows (black): the longest request."""
+    width, height = fit_size(4000, 3000, image_tokens, keep_aspect)
+    return {IMAGE: np.zeros((height, width, 3), dtype=np.uint8), "width": width, "height": height,
+            "vision_tokens": vision_tokens(width, height)}
+
+
+def plot_captions(ds, captions: dict[str, str], path=None, count: int = 20, columns: int = 5, wrap: int = 32):
+    """The first ``count`` prepared images, read again as the model saw them, each with its file name and
+    its caption (``captions``: by row id). Characters the chart's font cannot draw (an untrained model
+    emits them) show as a middle dot, not as boxes that read as an encoding bug."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
+    rows = [r for r in ds.limit(2 * count).take_all() if not r[REJECT_REASON]][:count]
+    lines = max(1, -(-len(rows) // columns))
+    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 4.0 * lines), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, row in zip(axes.flat, rows):
+        caption = "".join(ch if ch.isprintable() and ch != "\ufffd" and font.get_char_index(ord(ch)) else "·"
+                          for ch in captions.get(row[ROW_ID], "(no caption)"))
+        ax.imshow(np.asarray(row[IMAGE]))
+        ax.set_title(row[SOURCE].split(":")[-1], fontsize=9, fontweight="bold", parse_math=False)  # "$" is text, not math
+        ax.text(0.5, -0.04, textwrap.fill(textwrap.shorten(caption, 4 * wrap, placeholder="…"), wrap) or "(empty)",
+                transform=ax.transAxes, ha="center", va="top", fontsize=8, parse_math=False)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def sample_path() -> Path:
+    """The bundled sample: one webdataset shard of photos, awkward variants and broken files
+    (``scripts/make_sample_images.py`` made it)."""
+    return Path(str(resources.files("helpers") / "sample_data" / "sample-000000.tar"))

@@ -19,7 +19,6 @@ from typing import Any
 
 import pandas as pd
 
-from helpers import report
 from helpers.parameters import flag, number_in, raise_if, text
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
@@ -173,6 +172,81 @@ def review(predictions: pd.DataFrame, below: float) -> pd.DataFrame:
     return rows.sort_values(CONFIDENCE, kind="stable").reset_index(drop=True)
 
 
+def confusion_matrix(truth: pd.Series, predicted: pd.Series, labels: Sequence[str]) -> pd.DataFrame:
+    """Counts of (true label, predicted label): rows are the truth, columns the prediction."""
+    cm = pd.crosstab(pd.Categorical(truth, categories=labels), pd.Categorical(predicted, categories=labels), dropna=False)
+    cm.index.name, cm.columns.name = "true", "predicted"
+    return cm.astype(int)
+
+
+def plot_confusion_matrix(cm: pd.DataFrame, path=None, title: str = "Confusion matrix"):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 6))
+    ax.imshow(cm.values, cmap="Blues")
+    ax.set_xticks(range(len(cm.columns)), cm.columns, rotation=45, ha="right")
+    ax.set_yticks(range(len(cm.index)), cm.index)
+    ax.set(xlabel="predicted label", ylabel="true label", title=title)
+    peak = cm.values.max() if cm.size else 0
+    for (i, j), value in pd.DataFrame(cm.values).stack().items():
+        if value:
+            ax.text(j, i, str(value), ha="center", va="center", color="white" if value > peak / 2 else "black", fontsize=9)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Series | None = None, path=None):
+    counts = pd.DataFrame({"predicted": predicted.value_counts().reindex(labels, fill_value=0)})
+    if truth is not None:
+        counts["true"] = truth.value_counts().reindex(labels, fill_value=0)
+    ax = counts.plot.barh(figsize=(7, 4.5))
+    ax.invert_yaxis()
+    ax.set(xlabel="rows", ylabel="label", title="Labels: predicted" + (" vs true" if truth is not None else ""))
+    fig = ax.get_figure()
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def per_label_table(truth: pd.Series, predicted: pd.Series, labels: Sequence[str]) -> pd.DataFrame:
+    """Support, predictions, correct answers, precision and recall per label, and an overall row."""
+    truth, predicted = truth.reset_index(drop=True), predicted.reset_index(drop=True)
+    rows = []
+    for label in labels:
+        is_true, is_pred = truth == label, predicted == label
+        hits = int((is_true & is_pred).sum())
+        rows.append({"label": label, "support": int(is_true.sum()), "predicted": int(is_pred.sum()), "correct": hits,
+                     "precision": hits / is_pred.sum() if is_pred.any() else float("nan"),
+                     "recall": hits / is_true.sum() if is_true.any() else float("nan")})
+    table = pd.DataFrame(rows).set_index("label")
+    correct = int((truth == predicted).sum())
+    table.loc["all"] = [len(truth), len(truth), correct, float("nan"), correct / len(truth) if len(truth) else float("nan")]
+    return table
+
+
+def checks(predictions: pd.DataFrame, labels: Sequence[str], *, answer: str, truth: str | None) -> dict[str, Any]:
+    """What a classification's summary adds: every answer is a label; with true labels, accuracy per
+    label; with confidences, their spread."""
+    outside = sorted(set(predictions[answer]) - set(labels)) if len(predictions) else []
+    out: dict[str, Any] = {"every prediction is a label": not outside, "predictions outside the labels": outside}
+    if truth and len(predictions):
+        table = per_label_table(predictions[truth], predictions[answer], labels).astype(object)
+        out["accuracy"] = round(float(table.loc["all", "recall"]), 4)
+        out["per label"] = {k: {c: (None if pd.isna(v) else round(float(v), 4)) for c, v in row.items()}
+                            for k, row in table.iterrows()}
+    if CONFIDENCE in predictions:
+        conf = predictions[CONFIDENCE].dropna().astype(float)
+        out["confidence"] = {"rows with a confidence": len(conf), **({
+            "mean": round(float(conf.mean()), 4), **{f"p{round(q * 100)}": round(float(v), 4) for q, v in
+                                                     conf.quantile([0.1, 0.25, 0.5, 0.75, 0.9]).items()},
+            "share under 0.5": round(float((conf < 0.5).mean()), 4),
+            "share under 0.9": round(float((conf < 0.9).mean()), 4)} if len(conf) else {})}
+    return out
+
+
 def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answer: str, truth: str | None,
              review_below: float | None = None) -> dict[str, pd.DataFrame]:
     """The results section of a classification: the label chart (with the true labels where you have
@@ -180,15 +254,15 @@ def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answ
     computed them, and the least confident rows (``review.parquet``); every chart and table written
     through ``run``, so the next run moves them aside with the rest."""
     truths = predictions[truth] if truth else None
-    report.plot_label_counts(predictions[answer], labels, truths, run.path("label_counts.png"))
+    plot_label_counts(predictions[answer], labels, truths, run.path("label_counts.png"))
     tables: dict[str, pd.DataFrame] = {}
     has_confidence = CONFIDENCE in predictions and predictions[CONFIDENCE].notna().any()
     if truth and len(predictions):
-        tables["per label"] = report.per_label_table(truths, predictions[answer], labels).round(2)
+        tables["per label"] = per_label_table(truths, predictions[answer], labels).round(2)
         print(f"accuracy: {tables['per label'].loc['all', 'recall']:.1%} on {len(predictions)} rows "
               f"(chance with {len(labels)} labels: {1 / len(labels):.1%})")
-        tables["confusion matrix"] = report.confusion_matrix(truths, predictions[answer], labels)
-        report.plot_confusion_matrix(tables["confusion matrix"], run.path("confusion_matrix.png"),
+        tables["confusion matrix"] = confusion_matrix(truths, predictions[answer], labels)
+        plot_confusion_matrix(tables["confusion matrix"], run.path("confusion_matrix.png"),
                                      title=f"{run.plan.model_source}: confusion matrix")
         if has_confidence:
             conf = predictions[CONFIDENCE]

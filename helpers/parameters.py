@@ -1,12 +1,11 @@
 """The notebooks' parameters: the shared checks each concept runs on its own before anything starts,
-the ``parameters`` cell read as the notebook has it, and the names papermill would let through."""
+and errors that Jupyter shows as their message alone."""
 
 from __future__ import annotations
 
 import ast
 import difflib
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 
@@ -78,39 +77,3 @@ def closest(name: str, known: Iterable[str]) -> str:
     by_upper = {k.upper(): k for k in known}
     close = difflib.get_close_matches(name.upper(), list(by_upper), n=1, cutoff=0.6)
     return f"did you mean {by_upper[close[0]]}?" if close else f"known: {', '.join(sorted(by_upper.values()))}"
-
-
-def unknown_names(given: Iterable[str], known: Collection[str], notebook: str) -> list[str]:
-    """A problem for each name in ``given`` that ``notebook``'s parameters cell lacks. Papermill only
-    warns about such a name and runs on: ``-p LIMT 10000`` would run the whole input."""
-    return [f"{name} is not a parameter of {notebook} (not in its parameters cell): {closest(name, known)}"
-            for name in given if name not in known]
-
-
-@dataclass(frozen=True)
-class Parameter:
-    name: str
-    value: Any
-    source: str  # the literal as written
-    comment: str  # the comment on its first line
-
-
-def parse_cell(source: str) -> list[Parameter]:
-    """A ``parameters`` cell: ``NAME = literal  # comment`` each, a literal may span lines. Raises
-    ``ValueError`` on anything else."""
-    import io
-    import tokenize
-
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
-    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens}
-    found = []
-    for node in ast.parse(source).body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            raise ValueError(f"line {node.lineno}: only NAME = literal assignments belong in the parameters cell")
-        written = ast.get_source_segment(source, node.value) or ""
-        for t in tokens:  # comments inside a multi-line literal are not part of it
-            written = written.replace(t.string, "")
-        written = " ".join(written.split()).replace("[ ", "[").replace(", ]", "]").replace(" ]", "]")
-        found.append(Parameter(node.targets[0].id, ast.literal_eval(node.value), written,
-                               comments.get(node.lineno, "")))
-    return found

@@ -1,11 +1,9 @@
 """Around Ray Data LLM's processor: your ``preprocess`` and ``postprocess`` checked on an example and
-guarded so that one row's failure is that row's recorded reason, never the run's; then the write:
-every row, answered or not, written once as it comes (resumably, with Ray Data's checkpoints), the
-tables that account for every row, and how fast it went.
+guarded, so one row's failure is that row's reason, never the run's; then one write of every row,
+answered or not, as it comes (resumably, with Ray Data's checkpoints), and how fast it went.
 
-A row rejected before the model (its ``reject_reason``) travels through the processor with Ray Data
-LLM's own error column set, so every stage and your ``postprocess`` pass it by and it reaches the
-one write untouched: the input is read once."""
+A row rejected before the model travels through the processor with Ray Data LLM's own error column
+set: every stage and your ``postprocess`` pass it by, and it reaches the write untouched."""
 
 from __future__ import annotations
 
@@ -61,10 +59,10 @@ class Functions:
 
 
 def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, Any], keep: Sequence[str] = ()) -> Functions:
-    """``preprocess`` and ``postprocess`` tried on ``example`` (and an empty answer to it) before anything
-    runs, then wrapped for ``build_processor``. Each result row holds its id, the input's ``keep``
-    columns, every column your ``postprocess`` returns, the engine's token counts, ``error`` and
-    ``stage``; a row whose function raises, or returns what a column cannot hold, is an error row."""
+    """``preprocess`` and ``postprocess`` tried on ``example`` (and an empty answer) before anything runs,
+    then wrapped for ``build_processor``. A result row holds its id, the input's ``keep`` columns, all
+    that your ``postprocess`` returns, the token counts, ``error`` and ``stage``; a row whose function
+    raises, or returns what a column cannot hold, is an error row."""
     try:
         request = dict(preprocess(dict(example)))
     except Exception as exc:
@@ -114,10 +112,9 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
 
 
 def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
-    """Every row of an Arrow batch in ``columns``: rows that skipped the engine or failed in it (Ray Data
-    LLM returns them whole, with its error column) get their ``stage`` and ``error``, keep the input's
-    ``kept`` columns, and have nulls for yours. A column Ray stored as pickled objects (mixed types) is typed again: as Arrow infers it,
-    else as text; Ray's parquet ``row_hash`` as uint64, as the source has it (resuming compares them)."""
+    """An Arrow batch in ``columns``: rows that skipped or failed the engine get their ``stage`` and
+    ``error``, keep ``kept`` and have nulls for yours. Columns Ray pickled (mixed types) are typed again
+    (as Arrow infers, else text); Ray's ``row_hash`` as uint64, as resuming compares it."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -155,8 +152,8 @@ class NotReadyError(Explained, RuntimeError):
 
 
 def rows_per_file(plan: Any, rows: int | None) -> int:
-    """Ray's ``min_rows_per_file``: a CPU writes each batch as it comes (minutes of work otherwise); a GPU
-    run about 64 files, of a batch to 10,000 rows each (5,000,000 images make 500 files, not 300,000)."""
+    """Ray's ``min_rows_per_file``: a CPU writes each batch as it comes; a GPU run about 64 files of a
+    batch to 10,000 rows each (5,000,000 images make 500 files, not 300,000)."""
     if not plan.accelerator_type:
         return plan.batch_size
     return max(plan.batch_size, min(math.ceil(rows / 64) if rows else 1024, 10_000))
@@ -168,35 +165,36 @@ class Written:
 
     answered: pd.DataFrame  # rows the model answered (predictions, captions)
     errors: pd.DataFrame  # rows rejected before the model or failed in it, with stage and reason
+    this_run: pd.DataFrame  # every row this run wrote (a resumed run's earlier rows aside)
     rows_entered: int | None  # rows that entered the processor in this run (None: Ray did not count)
-    rows_written: int  # rows this run wrote
     rows_before: int  # rows an interrupted run had written (a resumed run)
     seconds: float  # the pipeline, the engines' start included
     steady: float  # rows/s once results flowed; NaN: not measured (see steady_basis)
     steady_basis: str
-    input_tokens: int  # of the rows answered in this run
-    output_tokens: int
-    answered_now: int
     stats: str  # Ray Data's statistics per stage
     run: Any
+
+    @property
+    def rows_written(self) -> int:
+        return len(self.this_run)
 
     @property
     def rows_read(self) -> int | None:
         return None if self.rows_entered is None else self.rows_before + self.rows_entered
 
     def throughput(self, whole_input: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """Rows and tokens per second, end to end and in steady state, and what the whole input would
-        take at this rate; and Ray's stages, slowest first (the first is the bottleneck; the full
-        statistics go to ``ray_stats.txt``)."""
+        """Rows and tokens per second and what the whole input would take at this rate; and Ray's stages,
+        slowest first (the bottleneck; the full statistics go to ``ray_stats.txt``)."""
         rate = self.rows_written / self.seconds if self.seconds else float("nan")
-        per = self.answered_now or float("nan")
+        answered = self.this_run[self.this_run[STAGE] == ""].reindex(columns=TOKENS, fill_value=0)
+        per = len(answered) or float("nan")
         hours = whole_input / self.steady / 3600 if whole_input and self.steady > 0 else None
         gpus = self.run.plan.gpus
         table = pd.Series({
             "rows written in this run": self.rows_written, "wall time, engine start included (s)": round(self.seconds, 1),
             "rows/s, end to end": round(rate, 2), "rows/s, steady state": round(self.steady, 2),
-            "steady state": self.steady_basis, "input tokens/row": round(self.input_tokens / per, 1),
-            "output tokens/row": round(self.output_tokens / per, 2),
+            "steady state": self.steady_basis, "input tokens/row": round(answered[TOKENS[0]].sum() / per, 1),
+            "output tokens/row": round(answered[TOKENS[1]].sum() / per, 2),
             "whole input, rows": whole_input,
             "whole input, projected hours": round(hours, 2) if hours is not None else "not projected: size or rate unknown",
             "whole input, projected GPU-hours": round(hours * gpus, 2) if hours is not None and gpus else "-",
@@ -216,9 +214,8 @@ class Written:
 
 
 def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[float, str]:
-    """Rows per second once results flow: the slope of rows written against time, fitted over this run's
-    result files; not claimed from fewer than 5 files or ones that came within a tenth of the run (an
-    engine that ends all its blocks together says nothing about its rate)."""
+    """Rows per second once results flow: the slope of rows written over time, fitted over this run's
+    result files; not claimed from fewer than 5, or ones that came within a tenth of the run."""
     import numpy as np
 
     if len(files) < 5:
@@ -231,9 +228,8 @@ def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[fl
 
 
 def rows_entered(ds) -> int | None:
-    """Rows that entered the processor in this run: the rows out of the operator holding Ray Data LLM's
-    preprocess map (``Map(_preprocess)``; each step after it in that operator is one row in, one out),
-    from Ray's statistics. None where Ray does not say, or that operator also holds the write."""
+    """Rows that entered the processor in this run, from Ray's statistics: the rows out of the operator
+    holding Ray Data LLM's ``Map(_preprocess)``. None where Ray does not say, or it holds the write."""
     try:
         pending = [ds.get_stats_summary()]
         while pending:
@@ -249,15 +245,16 @@ def rows_entered(ds) -> int | None:
 
 def _table(files: Sequence[Any]) -> pd.DataFrame:
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    tables = [f.read_table() for f in files]
+    tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
     return pa.concat_tables(tables, promote_options="permissive").to_pandas() if tables else pd.DataFrame(columns=[STAGE, ERROR])
 
 
 def write(run: Any, results, answered_name: str) -> Written:
-    """``results`` (``processor(ds)``) written in one streaming pass to ``OUTPUT_DIR/parts`` as rows come
-    back, resumably where the run has an id column, with progress shown and the start watched; then
-    split into ``answered_name`` and ``errors.parquet``. Interrupted, it says how many rows are safe."""
+    """``results`` (``processor(ds)``) written to ``OUTPUT_DIR/parts`` as rows come back, resumably where
+    the run has an id column, with progress shown; then split into ``answered_name`` and
+    ``errors.parquet``. Interrupted, it says how many rows are safe."""
     import ray
     from ray.data.checkpoint import CheckpointConfig
 
@@ -297,7 +294,6 @@ def write(run: Any, results, answered_name: str) -> Written:
     new = [(f, t) for f, t in listed if f not in before]
     everything = _table([f for f, _ in listed])
     now = _table([f for f, _ in new])
-    answered_now = now[now[STAGE] == ""]
     is_error = everything[STAGE] != ""
     answered = everything[~is_error].drop(columns=[ERROR, STAGE]).reset_index(drop=True)
     errors = everything[is_error].rename(columns={ERROR: "reason"}).reset_index(drop=True)
@@ -308,8 +304,7 @@ def write(run: Any, results, answered_name: str) -> Written:
         stats = finished.stats()
     except Exception as exc:  # statistics never fail a run that finished
         stats = f"(no statistics: {exc})"
-    return Written(answered, errors, rows_entered(finished), len(now), len(everything) - len(now), seconds, steady, basis,
-                   int(answered_now[TOKENS[0]].sum()), int(answered_now[TOKENS[1]].sum()), len(answered_now), stats, run)
+    return Written(answered, errors, now, rows_entered(finished), len(everything) - len(now), seconds, steady, basis, stats, run)
 
 
 def first_rows(ds, limit: int | None, done: int = 0):
@@ -331,32 +326,24 @@ class EmptyInputError(Explained, ValueError):
 
 
 def check_ids(ds, column: str | None, sample: int = 200) -> list[dict[str, Any]]:
-    """The first ``sample`` rows, and in the same pass every id in ``column`` (only it comes to this
-    process, as an 8-byte hash per row): raise naming the empty and repeated ones and the fix."""
-    import numpy as np
-
-    kept, hashes, rows, empty = [], [], 0, 0
-    for batch in ds.iter_batches(batch_format="pandas", batch_size=65_536) if column else [ds.take(sample)]:
-        batch = pd.DataFrame(batch)
-        kept += batch.head(sample - len(kept)).to_dict("records") if len(kept) < sample else []
-        if column:
-            ids = batch[column].astype("string")
-            blank = ids.isna() | ids.str.strip().eq("")
-            rows, empty = rows + len(ids), empty + int(blank.sum())
-            hashes.append(pd.util.hash_array(ids[~blank].to_numpy(dtype=object)))
+    """The first ``sample`` rows; with ``column``, every id read in the same pass, and an error naming
+    the empty and repeated ones and the fix."""
+    kept, ids = [], []
+    for batch in ds.iter_batches(batch_format="pandas", batch_size=65_536) if column else [pd.DataFrame(ds.take(sample))]:
+        kept += batch.head(sample - len(kept)).to_dict("records")
+        ids += [batch[column].astype("string")] if column else []
     if not kept:
         raise EmptyInputError("The input holds no rows to run on (after LIMIT and the rows already done).")
-    values, counts = np.unique(np.concatenate(hashes), return_counts=True) if hashes else ([], [])
-    repeated = int((np.asarray(counts) > 1).sum())
-    if empty or repeated:
-        named = pd.Series(dtype=int)
-        if repeated:  # a second pass, only now: the values behind the repeated hashes
-            wanted = set(np.asarray(values)[np.asarray(counts) > 1].tolist())
-            ids = pd.concat([b[column].astype("string") for b in ds.select_columns([column]).iter_batches(batch_format="pandas")])
-            named = ids[np.isin(pd.util.hash_array(ids.fillna("").to_numpy(dtype=object)), list(wanted))].value_counts()
-        said = ([f"{empty} of {rows} rows have no {column!r} value"] if empty else []) + (
-            [f"{repeated} values are shared by several rows: " + ", ".join(f"{v!r} ({n} rows)" for v, n in named.head(5).items())]
-            if repeated else [])
+    if not column:
+        return kept
+    ids = pd.concat(ids)
+    blank = ids.isna() | ids.str.strip().eq("")
+    empty, counts = int(blank.sum()), ids[~blank].value_counts()
+    repeated = counts[counts > 1]
+    if empty or len(repeated):
+        said = ([f"{empty} of {len(ids)} rows have no {column!r} value"] if empty else []) + (
+            [f"{len(repeated)} values are shared by several rows: " + ", ".join(f"{v!r} ({n} rows)" for v, n in repeated.head(5).items())]
+            if len(repeated) else [])
         raise IdColumnError(f"ID_COLUMN={column!r} must give every row an id of its own, but {'; '.join(said)}. Results "
                             "are matched to your rows, and an interrupted run resumed, by this id. Give those rows unique "
                             "ids, or set ID_COLUMN=None to derive each row's id from its content (resuming is then off).")

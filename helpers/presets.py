@@ -1,7 +1,6 @@
-"""Named run configurations, as data: Ray's tutorials' GPU runs, bigger GPUs, multi-GPU models and the
-offline CPU runs; the GPU types and model shapes the kit knows; and what vLLM and Ray get from a
-configuration (engine arguments, placement). A preset is frozen: ``override`` returns a new one and
-refuses an unknown field. How one is fitted to your GPUs and rows is :mod:`helpers.config`."""
+"""Named run configurations, as data (Ray's tutorials' GPU runs, bigger GPUs, multi-GPU models, the
+offline CPU runs), the GPU types and model shapes the kit knows, and what vLLM and Ray get from a
+configuration. Fitting one to your GPUs and rows is :mod:`helpers.config`."""
 
 from __future__ import annotations
 
@@ -22,28 +21,24 @@ OFFLINE = "offline"  # the model source of the offline models the kit prepares (
 class Gpu:
     name: str
     memory_gib: float
-    nvlink: bool  # NVLink between a node's GPUs; without it tensor parallelism goes over PCIe
 
 
 GPUS: dict[str, Gpu] = {g.name: g for g in [
-    Gpu("T4", 16, False), Gpu("L4", 24, False), Gpu("A10G", 24, False), Gpu("L40S", 48, False),
-    Gpu("A100-40G", 40, True), Gpu("A100-80G", 80, True), Gpu("H100", 80, True), Gpu("H200", 141, True),
-    Gpu("A100", 40, True),  # what Ray labels both A100s: the smaller, unless measured
+    Gpu("T4", 16), Gpu("L4", 24), Gpu("A10G", 24), Gpu("L40S", 48), Gpu("A100-40G", 40), Gpu("A100-80G", 80),
+    Gpu("H100", 80), Gpu("H200", 141), Gpu("A100", 40),  # "A100": what Ray labels both; the smaller, unless measured
 ]}
 #: The share of an engine's memory the kit's estimates keep for activations (vLLM measures them).
 ACTIVATIONS = 0.1
 
 
 def ray_label(accelerator_type: str) -> str:
-    """The label Ray gives nodes of ``accelerator_type``: both A100 sizes are ``A100`` (Ray names a GPU
-    by its NVML model token, which does not say the memory)."""
+    """The label Ray gives nodes of ``accelerator_type``: both A100 sizes are ``A100``."""
     return "A100" if accelerator_type.upper().startswith("A100") else accelerator_type
 
 
 def engine_defaults(accelerator_type: str | None, memory_gib: float | None = None, world: int = 1) -> tuple[int, int]:
     """``(max_num_batched_tokens, max_num_seqs)`` that ``vllm.LLM`` takes on this hardware (vLLM's
-    ``get_batch_defaults`` for ``UsageContext.LLM_CLASS``). Ray's engine stage passes no usage context
-    and would get vLLM's generic 2,048 tokens per step: an eighth of an H100's."""
+    ``get_batch_defaults``). Ray's engine stage would get vLLM's generic 2,048 tokens per step."""
     if accelerator_type is None:
         return 4096 * world, 256 * world
     memory_gib = memory_gib or (GPUS[accelerator_type].memory_gib if accelerator_type in GPUS else 0.0)
@@ -78,58 +73,24 @@ class ModelShape:
         return not self.attention_heads or self.attention_heads % tp == 0
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], parameters: float | None = None) -> ModelShape:
-        """From a ``config.json`` (``text_config`` if nested); ``parameters``, when the checkpoint states
-        them, replaces the estimate. Every expert of a mixture-of-experts model counts (all sit in memory)."""
+    def from_config(cls, config: Mapping[str, Any]) -> ModelShape:
+        """From a ``config.json`` (``text_config`` if nested): every expert of a mixture of experts counts
+        (all sit in memory); a vision encoder does not (~0.7 of 3.75 billion in Qwen2.5-VL-3B)."""
         c = dict(config.get("text_config") or config)
         hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
         kv_heads, head_dim = c.get("num_key_value_heads", heads), c.get("head_dim") or hidden // heads
-        if parameters is None:
-            attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-            dense = 3 * hidden * c["intermediate_size"]
-            experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
-            mlp = layers * dense
-            if experts:
-                size = c.get("moe_intermediate_size") or c["intermediate_size"]
-                shared = c.get("shared_expert_intermediate_size") or (c.get("n_shared_experts") or 0) * size
-                dense_layers = min(layers, c.get("first_k_dense_replace") or 0)
-                mlp = dense_layers * dense + (layers - dense_layers) * (3 * hidden * (experts * size + shared) + hidden * experts)
-            tied = c.get("tie_word_embeddings", config.get("tie_word_embeddings"))
-            parameters = (layers * attention + mlp + c["vocab_size"] * hidden * (1 if tied else 2)
-                          + _vision_parameters(config, hidden))
+        attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+        dense = 3 * hidden * c["intermediate_size"]
+        experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts") or 0
+        mlp = layers * dense
+        if experts:
+            size = c.get("moe_intermediate_size") or c["intermediate_size"]
+            shared = c.get("shared_expert_intermediate_size") or (c.get("n_shared_experts") or 0) * size
+            dense_layers = min(layers, c.get("first_k_dense_replace") or 0)
+            mlp = dense_layers * dense + (layers - dense_layers) * (3 * hidden * (experts * size + shared) + hidden * experts)
+        tied = c.get("tie_word_embeddings", config.get("tie_word_embeddings"))
+        parameters = layers * attention + mlp + c["vocab_size"] * hidden * (1 if tied else 2)
         return cls(parameters, layers, kv_heads, head_dim, heads)
-
-
-def _vision_parameters(config: Mapping[str, Any], text_hidden: int) -> float:
-    """A Qwen2-VL-style image encoder's weights (0 without a ``vision_config``)."""
-    v = config.get("vision_config")
-    if not v:
-        return 0.0
-    width, depth = v.get("embed_dim") or v["hidden_size"], v.get("depth") or v.get("num_hidden_layers") or 0
-    inner = v.get("intermediate_size") or int(width * v.get("mlp_ratio", 4))
-    blocks = depth * (4 * width * width + (3 if "intermediate_size" in v else 2) * width * inner)
-    merged = v.get("spatial_merge_size", 1) ** 2 * width
-    patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 1) * v.get("patch_size", 14) ** 2
-    return float(blocks + merged * merged + merged * (v.get("out_hidden_size") or text_hidden) + patch * width)
-
-
-def checkpoint_parameters(folder: Path) -> float | None:
-    """The weight count a local checkpoint states: its safetensors headers (a few KB each) or its index."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        meta = json.loads(index.read_text()).get("metadata") or {}
-        if meta.get("total_parameters"):
-            return float(meta["total_parameters"])
-        return float(meta["total_size"]) / 2 if meta.get("total_size") else None
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0.0
-    for path in files:
-        with path.open("rb") as f:
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-        total += sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
-    return total
 
 
 #: The presets' models as published (their config.json files on the Hugging Face Hub).
@@ -143,28 +104,21 @@ KNOWN_MODELS: dict[str, ModelShape] = {
 
 @functools.lru_cache(maxsize=32)
 def model_shape(model: str) -> ModelShape | None:
-    """A local folder's ``config.json`` (and stated weights), a known model, or the Hub's config and
-    safetensors headers (a few KB; needs the network); None when none is at hand."""
+    """From a local folder's ``config.json``, the presets' models, or the Hub's config (needs the
+    network); None when none is at hand."""
     config = Path(model).expanduser() / "config.json"
     if model == OFFLINE:
         return None  # its folder's shape, once it is prepared (Preset.model_path)
     if config.is_file():
-        return ModelShape.from_config(json.loads(config.read_text()), checkpoint_parameters(config.parent))
+        return ModelShape.from_config(json.loads(config.read_text()))
     if model in KNOWN_MODELS:
         return KNOWN_MODELS[model]
     try:
         from transformers import AutoConfig
 
-        published = AutoConfig.from_pretrained(model).to_dict()
+        return ModelShape.from_config(AutoConfig.from_pretrained(model).to_dict())
     except (OSError, ValueError, KeyError):
         return None
-    try:
-        from huggingface_hub import get_safetensors_metadata
-
-        stated = float(sum(get_safetensors_metadata(model).parameter_count.values()))
-    except Exception:  # no network or no safetensors: the config's estimate
-        stated = None
-    return ModelShape.from_config(published, stated)
 
 
 #: A short CPU run's executor: vLLM's single process (Ray asks for "uni", which vLLM's CPU platform
@@ -216,10 +170,7 @@ class Preset:
     given: tuple[str, ...] = ()  # the fields you set (MODEL_SOURCE, ENGINE)
 
     def override(self, **changes: Any) -> Preset:
-        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
-        if unknown:
-            raise TypeError(f"unknown preset field(s) {unknown}; valid fields: {sorted(f.name for f in dataclasses.fields(self))}")
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **changes)  # a TypeError names an unknown field
 
     @property
     def world(self) -> int:
@@ -253,8 +204,8 @@ class Preset:
 
     @property
     def memory_share(self) -> float:
-        """``gpu_memory_utilization`` for one engine: its share where replicas share a GPU, less 0.01
-        each for the CUDA context every engine process holds outside vLLM's budget."""
+        """``gpu_memory_utilization`` for one engine: its share of a shared GPU, less 0.01 for the CUDA
+        context each engine process holds outside vLLM's budget."""
         if self.replicas_per_gpu == 1:
             return self.gpu_memory_utilization
         return math.floor(100 * self.gpu_memory_utilization / self.replicas_per_gpu - 1) / 100
@@ -268,15 +219,24 @@ class Preset:
         return model_shape(self.model_path or self.model_source)
 
     @property
-    def kv_cache_budget(self) -> int | None:
-        """Bytes of KV cache for each of the engines that share a GPU (vLLM's ``kv_cache_memory_bytes``).
-        vLLM sizes its cache from the GPU's free memory before and after its profiling run: engines
-        that start together count each other's memory as their own overhead (two 8B engines on one
-        H100 took 53 GiB started together, 72 GiB one after the other). A stated budget skips that."""
-        if not self.accelerator_type or self.replicas_per_gpu == 1 or self.gpu_memory is None or self.shape is None:
+    def kv_bytes(self) -> float | None:
+        """Bytes one engine has for its KV cache once its weights are in (None: GPU or model unknown)."""
+        if not self.accelerator_type or self.gpu_memory is None or self.shape is None:
             return None
-        free = memory_budget(self.gpu_memory, self.memory_share) - self.shape.weight_bytes(self.quantization) / self.tensor_parallel_size
-        mib = int(free // 2**20)
+        return memory_budget(self.gpu_memory, self.memory_share) - self.shape.weight_bytes(self.quantization) / self.world
+
+    @property
+    def full_sequences(self) -> int | None:
+        """Sequences of ``max_model_len`` tokens whose KV cache fits one engine at once."""
+        free = self.kv_bytes
+        return None if free is None else int(free / (self.shape.kv_bytes_per_token * self.max_model_len / self.world))
+
+    @property
+    def kv_cache_budget(self) -> int | None:
+        """KV cache bytes for each engine that shares a GPU (``kv_cache_memory_bytes``): vLLM sizes its cache
+        from the free memory it profiles, and engines started together count each other's as their own
+        overhead (two 8B engines on one H100 took 53 GiB together, 72 GiB one after the other)."""
+        mib = int(self.kv_bytes // 2**20) if self.replicas_per_gpu > 1 and self.kv_bytes is not None else 0
         return mib * 2**20 if mib > 0 else None
 
     @property
@@ -306,8 +266,7 @@ class Preset:
 
     @property
     def placement(self) -> dict[str, Any]:
-        """The processor-config fields that place each engine: whole GPUs (Ray's default), a share of one
-        (replicas that share a GPU), or, on a CPU, one CPU and no GPU."""
+        """The processor-config fields that place each engine: whole GPUs, a share of one, or one CPU."""
         if self.accelerator_type and self.replicas_per_gpu > 1:
             return {"accelerator_type": ray_label(self.accelerator_type),
                     "placement_group_config": {"bundles": [{"GPU": self.gpus_per_replica, "CPU": 1}]}}

@@ -1,6 +1,5 @@
-"""What a running pipeline shows: in Jupyter one line that updates in place (rows written, rate, time
-left); in a headless run (papermill, a job) a line in the job's log every minute, never in the report;
-and a watchdog that stops a run whose first results never come."""
+"""What a running pipeline shows: in Jupyter one line updated in place (rows, rate, time left); headless
+(papermill, a job) a line in the job's log every minute; and a watchdog for first results that never come."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ PROGRESS_ENV, HEARTBEAT_ENV = "LLM_KIT_PROGRESS", "LLM_KIT_HEARTBEAT_S"  # 0/1; 
 
 
 def interactive() -> bool:
-    """True when a person steps through the notebook: Jupyter's frontends let a kernel ask for input,
-    headless executors (papermill, nbclient) say they cannot (``allow_stdin`` False)."""
+    """True when a person steps through the notebook: Jupyter lets a kernel ask for input, papermill
+    and nbclient do not (``allow_stdin``)."""
     forced = os.environ.get(PROGRESS_ENV)
     if forced in ("0", "1"):
         return forced == "1"
@@ -28,17 +27,13 @@ def interactive() -> bool:
         from IPython import get_ipython
     except ImportError:
         return False
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
-        return shell is not None  # a terminal IPython
+    kernel = getattr(get_ipython(), "kernel", None)
     parent = kernel.get_parent("shell") if hasattr(kernel, "get_parent") else {}
     return bool((parent or {}).get("content", {}).get("allow_stdin", False))
 
 
 def log(line: str) -> None:
-    """``line`` in the log of the process that started the kernel (the job's log), not the notebook:
-    in a kernel ``sys.stderr`` writes into the notebook, its ``fileno()`` is the original stream."""
+    """``line`` in the job's log, not the notebook (a kernel's ``sys.stderr.fileno()`` is the log)."""
     try:
         with open(sys.stderr.fileno(), "w", closefd=False) as stream:
             print(f"[llm-batch-kit] {line}", file=stream, flush=True)
@@ -78,9 +73,8 @@ class NoResultsInTime(Explained, TimeoutError):
 def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float | None, every_s: float = 2.0,
           display=None) -> Iterator[None]:
     """While the code inside writes to ``folder``: the progress line (Jupyter) or a log line every
-    ``LLM_KIT_HEARTBEAT_S`` seconds (headless), and a watchdog that interrupts the run (a real SIGINT,
-    which wakes Ray's waits) if no result file appears within ``timeout_s``: engines that cannot
-    start would otherwise keep a run waiting forever. Jupyter's stop button still interrupts."""
+    ``LLM_KIT_HEARTBEAT_S`` s (headless); a SIGINT (which wakes Ray's waits) if no result file comes
+    within ``timeout_s``: engines that cannot start would keep a run waiting forever."""
     counted: dict = {}
     before, started, done, fired = _rows(folder, counted), time.monotonic(), threading.Event(), threading.Event()
     person = interactive()
@@ -91,21 +85,19 @@ def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float 
     elif beat_s:
         log(f"pipeline started: a progress line every {beat_s:g} s here")
 
-    state = {"first": None, "last": (started, 0), "shown": started}
+    state = {"first": None, "shown": started}
 
     def show(final: bool = False) -> None:
         rows, now = _rows(folder, counted) - before, time.monotonic()
         if rows and state["first"] is None:
             state["first"] = (now, rows)
-        if person:  # the rate since the first rows came, not counting the engine's start
-            t0, r0 = state["first"] or (now, rows)
-            handle.update({"text/plain": line(now - started, rows, total, (rows - r0) / (now - t0) if now > t0 else 0.0,
-                                              about, final)}, raw=True)
-        elif not final:  # the rate over the last interval
-            t0, r0 = state["last"]
-            log(f"{(now - started) / 60:.1f} min: {rows:,} rows written{f' of {total:,}' if total else ''}, "
-                f"{(rows - r0) / max(now - t0, 1e-9):.1f} rows/s over the last {now - t0:.0f} s")
-        state["last"], state["shown"] = (now, rows), now
+        t0, r0 = state["first"] or (now, rows)  # the rate since the first rows came, not the engine's start
+        shown = line(now - started, rows, total, (rows - r0) / (now - t0) if now > t0 else 0.0, about, final)
+        if person:
+            handle.update({"text/plain": shown}, raw=True)
+        elif not final:
+            log(shown)
+        state["shown"] = now
 
     def watch() -> None:
         while not done.wait(1.0):

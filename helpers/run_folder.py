@@ -1,10 +1,9 @@
-"""``OUTPUT_DIR``'s life: one run at a time, what each run wrote recorded in its ``run.json``, an earlier
-run's files moved to ``earlier/<time>/`` (exactly those: nothing else is moved, nothing deleted), an
-interrupted run resumed only with the same settings, and the results published to a bucket.
+"""``OUTPUT_DIR``'s life: one run at a time, each run's files recorded in its ``run.json`` and moved to
+``earlier/<time>/`` by the next (exactly those: nothing else moved, nothing deleted), an interrupted
+run resumed only with the same settings, the results published to a bucket.
 
-The lock: on a disk, an exclusive ``flock`` that the system releases when the process ends; in S3,
-an object created only where none is (a conditional write), kept fresh while the run writes and
-taken over once stale. Other stores check, then write."""
+The lock: on a disk an exclusive ``flock``, released by the system when the process ends; in S3 an
+object created only where none is, kept fresh while the run writes and taken over once stale."""
 
 from __future__ import annotations
 
@@ -135,24 +134,14 @@ class _Lock:
         elif self.where.remote:
             with contextlib.suppress(OSError, ValueError):
                 if json.loads(self.where.read_text()).get("run") == self.record["run"]:
-                    self.where.remove()
+                    self.where.fs.delete_file(self.where.path)
 
 
 def describe(value: Any) -> Any:
-    """``value`` (a request) as plain JSON that is the same whenever it is: images become their mode,
-    size and a hash of their pixels; other objects their text without memory addresses."""
+    """``value`` (a request) as stable JSON: other objects (an image) as their text without memory addresses."""
     import re
 
-    if isinstance(value, Mapping):
-        return {str(k): describe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [describe(v) for v in value]
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if hasattr(value, "tobytes") and (hasattr(value, "mode") or hasattr(value, "shape")):
-        kind = f"{value.mode} {value.size}" if hasattr(value, "mode") else f"{value.dtype} {value.shape}"
-        return f"image {kind} sha256:{hashlib.sha256(value.tobytes()).hexdigest()[:16]}"
-    return re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(value).__name__}: {value}")
+    return json.loads(json.dumps(value, default=lambda v: re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(v).__name__}{getattr(v, 'shape', '')}: {v}")))
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -178,9 +167,9 @@ def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def open_folder(output_dir: Any, resume: Any = True, start_over: Any = False) -> RunFolder:
-    """``OUTPUT_DIR`` (a folder or a bucket) checked before anything starts: it can be written, it is new,
-    empty or the kit's (notebooks aside: papermill writes its own first), no live run holds it, and an
-    interrupted run there is one this run may resume or start over; raise listing every problem."""
+    """``OUTPUT_DIR`` (a folder or a bucket) checked before anything starts: writable, new, empty or the
+    kit's (papermill's notebooks aside), held by no live run, and any interrupted run there one this
+    run may resume or start over."""
     raise_if(text("OUTPUT_DIR", output_dir) + flag("RESUME", resume) + flag("START_OVER", start_over))
     try:
         where = Location.of(output_dir)
@@ -222,10 +211,9 @@ class RunFolder:
     start_over: bool
 
     def start(self, plan: Any, functions: Any, *, id_column: str | None, settings: Mapping[str, Any]) -> Run:
-        """Begin a run: every node sees the folder, this run holds its lock, and it resumes the
-        interrupted run (same settings and ``RESUME``) or moves the earlier run's files to ``earlier/``.
-        ``settings``, with the model, the context, your ``preprocess``'s request for the example and
-        your ``postprocess``'s code, decide whether a run may resume another."""
+        """Begin a run: every node sees the folder, this run holds its lock, and it resumes the interrupted
+        run or moves the earlier run's files to ``earlier/``. It resumes only where ``settings``, the model,
+        your ``preprocess``'s request for the example and your ``postprocess``'s code are the same."""
         if not self.where.remote:
             Path(self.where.path).mkdir(parents=True, exist_ok=True)
             every_node_sees(Path(self.where.path))
@@ -294,8 +282,8 @@ class Run:
 
     @property
     def root(self) -> Path:
-        """The local folder this process writes tables and charts to: ``OUTPUT_DIR``, or for a bucket a
-        staging folder of this run's own that :meth:`publish` copies there."""
+        """Where this process writes tables and charts: ``OUTPUT_DIR``, or for a bucket a staging folder
+        that :meth:`publish` copies there."""
         if not self.where.remote:
             return Path(self.where.path)
         staging = Path(os.environ.get("TMPDIR", "/tmp")) / f"llm-batch-kit-{self.run_id}"
@@ -312,8 +300,8 @@ class Run:
         return first_rows(ds, limit, self.rows_done)
 
     def path(self, name: str) -> Path:
-        """Where this run writes the file ``name``: recorded in ``run.json`` (the next run moves it aside),
-        and a file of that name this run did not write moved to ``earlier/`` first."""
+        """Where this run writes ``name``: recorded in ``run.json`` (the next run moves it aside); a file
+        of that name this run did not write goes to ``earlier/`` first."""
         self.check_current()
         if name not in self.files:
             if (self.where / name).exists():
@@ -343,9 +331,8 @@ def current_run(where: Location) -> str:
 
 
 def add_file(where: Location, local: Path, name: str) -> None:
-    """Copy ``local`` into ``where`` as ``name``, a file of the run its ``run.json`` records (the job
-    runner's report, written once the notebook ended); a file of that name the run did not write is
-    moved to ``earlier/`` first."""
+    """Copy ``local`` into ``where`` as ``name``, a file of the run ``run.json`` records (the job runner's
+    report); a file of that name the run did not write goes to ``earlier/`` first."""
     record = _record(where)
     if name not in record.get("files", []):
         if (where / name).exists():
@@ -355,37 +342,24 @@ def add_file(where: Location, local: Path, name: str) -> None:
     (where / name).upload(local)
 
 
-def every_node_sees(folder: Path, timeout_s: float = 120) -> None:
-    """On several nodes, a marker written here must read back on each: Ray writes each block's results
-    on the node that holds it, and a folder only this machine sees would scatter them (rows lost)."""
-    import ray
+def every_node_sees(folder: Path) -> None:
+    """On several nodes, a marker written here must read back on each: Ray writes results on the node
+    that holds them, and a folder only this machine sees would lose rows."""
+    from helpers.cluster import blind_nodes
 
-    from helpers.cluster import on_each_node
-
-    nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
-    if len(nodes) <= 1:
-        return
     token = uuid.uuid4().hex
     marker = folder / f".node-check-{token}"
     marker.write_text(token)
-
-    def read(path: str) -> str:
-        try:
-            return Path(path).read_text()
-        except OSError as exc:
-            return f"({type(exc).__name__})"
-
     try:
-        answers = on_each_node(read, [str(marker)], nodes, timeout_s)
+        blind = blind_nodes(str(marker), token)
     finally:
         marker.unlink(missing_ok=True)
-    blind = [n for n, a in zip(nodes, answers) if a != token]
     if blind:
         raise NodeLocalOutputError(
-            f"OUTPUT_DIR={str(folder)!r} is a folder that {len(blind)} of the Ray cluster's {len(nodes)} nodes do not see: "
-            f"{', '.join(n['NodeManagerAddress'] for n in blind)}. Ray Data writes each block's results on the node that "
-            "holds it, so their rows and checkpoints would be lost. Point OUTPUT_DIR at a bucket (s3://..., gs://...) or "
-            "at a folder every node mounts (NFS, /mnt/cluster_storage on Anyscale).")
+            f"OUTPUT_DIR={str(folder)!r} is a folder that {len(blind)} of the Ray cluster's nodes do not see: "
+            f"{', '.join(blind)}. Ray Data writes each block's results on the node that holds it, so their rows and "
+            "checkpoints would be lost. Point OUTPUT_DIR at a bucket (s3://..., gs://...) or at a folder every node "
+            "mounts (NFS, /mnt/cluster_storage on Anyscale).")
 
 
 class NodeLocalOutputError(Explained, RuntimeError):

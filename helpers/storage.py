@@ -1,10 +1,6 @@
-"""Where data lives: local paths, ``file://``, buckets (``s3://``, ``gs://``), the web and the Hugging
-Face Hub (``hf://``), read and written through pyarrow's filesystems, the layer Ray Data uses.
-
-pyarrow does not read ``AWS_ENDPOINT_URL`` (boto3 does): :func:`filesystem` builds the S3 filesystem
-for an S3-compatible store (MinIO, a local server) from it. Everything printed or recorded about a
-path goes through :func:`redact` first (a presigned URL's signature, ``s3://KEY:SECRET@``).
-"""
+"""Where data lives: local paths, buckets (``s3://``, ``gs://``), the web and the Hugging Face Hub
+(``hf://``), through pyarrow's filesystems as Ray Data uses them (for an S3-compatible store, pyarrow
+is pointed at ``AWS_ENDPOINT_URL``). Every path printed or recorded is :func:`redact`-ed first."""
 
 from __future__ import annotations
 
@@ -19,7 +15,6 @@ from urllib.parse import urlparse, urlsplit, urlunsplit
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
 #: Query parameters whose values are secrets (presigned S3/GCS URLs, Azure SAS, tokens, keys).
 _SECRET_QUERY = re.compile(r"sig|token|credential|secret|password|passwd|key|auth", re.IGNORECASE)
-COMPRESSED = (".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")
 
 
 def scheme(path: str) -> str:
@@ -43,10 +38,6 @@ def absolute(path: str) -> str:
 
 def is_web(path: str) -> bool:
     return scheme(path) in ("http", "https")
-
-
-def is_compressed(path: str) -> bool:
-    return (urlparse(path).path if is_web(path) else path).lower().endswith(COMPRESSED)
 
 
 def redact(path: str) -> str:
@@ -90,9 +81,8 @@ def filesystem(path: str):
 
 
 def hub_filesystem():
-    """The Hugging Face Hub as a pyarrow filesystem (``HfFileSystem`` in pyarrow's ``FSSpecHandler``, as
-    Ray Data's docs show). It reads ``HF_TOKEN`` and ``HF_ENDPOINT`` from each process's environment:
-    the token is never passed, printed or stored. A fresh instance: fsspec's cached one keeps old answers."""
+    """The Hub as a pyarrow filesystem, as Ray Data's docs show; ``HF_TOKEN`` comes from each process's
+    environment, never passed or stored. A fresh instance: fsspec's cached one keeps old answers."""
     from huggingface_hub import HfFileSystem
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
@@ -103,17 +93,15 @@ class HubPathError(FileNotFoundError):
     """An ``hf://`` path the Hub cannot serve."""
 
 
+HUB_PROBLEMS = {  # what the Hub said, and what it means
+    "repository not found": "no such dataset repository on the Hub, or a private or gated one: set HF_TOKEN in the "
+                            "environment (of the cluster, too) to a token that can read it",
+    "revision not found": "the repository has no such revision (a branch, tag or commit after '@')",
+    "invalid repository id": "not a repository id: write hf://datasets/ORG/NAME[@revision][/folder]"}
+
+
 def _hub_problem(path: str, exc: BaseException) -> HubPathError:
-    text = str(exc)
-    if "repository not found" in text:
-        why = ("no such dataset repository on the Hub, or a private or gated one: set HF_TOKEN in the environment "
-               "(of the cluster, too) to a token that can read it")
-    elif "revision not found" in text:
-        why = "the repository has no such revision (a branch, tag or commit after '@')"
-    elif "invalid repository id" in text:
-        why = "not a repository id: write hf://datasets/ORG/NAME[@revision][/folder]"
-    else:
-        why = f"nothing there ({type(exc).__name__}: {text[:200]})"
+    why = next((v for k, v in HUB_PROBLEMS.items() if k in str(exc)), f"nothing there ({type(exc).__name__}: {str(exc)[:200]})")
     return HubPathError(f"INPUT_PATH={redact(path)!r}: {why}")
 
 
@@ -129,8 +117,7 @@ def resolve(path: str, fs=None) -> tuple[Any, str]:
 
 
 def list_files(path: str, fs=None) -> list[str]:
-    """The files under ``path`` (itself, if a file), hidden ones left out, sorted; a web URL is the one
-    file it names. Raises ``FileNotFoundError`` when nothing is there."""
+    """The files under ``path`` (itself, if a file; a web URL is one file), hidden ones left out, sorted."""
     if is_web(path):
         return [path]
     from pyarrow import fs as pafs
@@ -159,8 +146,7 @@ def list_files(path: str, fs=None) -> list[str]:
 
 
 def read_chunks(path: str, fs=None, size: int = 1 << 20, limit: int | None = None) -> Iterator[bytes]:
-    """The file at ``path``, ``size`` bytes at a time (the first ``limit`` bytes, if given); a web URL
-    with a ranged GET for a limit (a presigned URL's signature covers the request, not its Range)."""
+    """The file at ``path``, ``size`` bytes at a time, up to ``limit`` bytes (a ranged GET for a URL)."""
     if is_web(path):
         import urllib.request
 
@@ -186,8 +172,8 @@ class OutputLocationError(OSError):
 
 @dataclass(frozen=True, order=True)
 class Location:
-    """A folder or file on the local disk or in object storage: ``uri`` as a person reads it, ``fs`` and
-    ``path`` as pyarrow takes them. The few operations results need, the same way for both."""
+    """A folder or file on a disk or in object storage (``uri``; ``fs`` and ``path`` as pyarrow takes
+    them), with the few operations results need."""
 
     uri: str
     fs: Any = field(compare=False, repr=False)
@@ -223,18 +209,14 @@ class Location:
     def __str__(self) -> str:
         return redact(self.uri)
 
-    def _type(self):
-        return self.fs.get_file_info(self.path).type
+    def _type(self) -> str:
+        return self.fs.get_file_info(self.path).type.name  # NotFound, File or Directory
 
     def exists(self) -> bool:
-        from pyarrow import fs as pafs
-
-        return self._type() != pafs.FileType.NotFound
+        return self._type() != "NotFound"
 
     def is_file(self) -> bool:
-        from pyarrow import fs as pafs
-
-        return self._type() == pafs.FileType.File
+        return self._type() == "File"
 
     def children(self) -> list[str]:
         from pyarrow import fs as pafs
@@ -271,14 +253,7 @@ class Location:
                 f.write(text)
             return True
         if scheme(self.uri) == "s3":
-            bucket, key = self.path.split("/", 1)
-            try:
-                _s3().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfNoneMatch="*")
-            except Exception as exc:  # botocore's ClientError: 412 when the object exists
-                if "PreconditionFailed" in str(exc) or "412" in str(exc):
-                    return False
-                raise
-            return True
+            return self._put_if(text, IfNoneMatch="*")
         if self.exists():
             return False
         self.write_text(text)
@@ -295,43 +270,33 @@ class Location:
         """Write ``text`` only if the file is still at ``version``: in one step in S3 (a conditional
         write); elsewhere checked, then written."""
         if scheme(self.uri) == "s3":
-            bucket, key = self.path.split("/", 1)
-            try:
-                _s3().put_object(Bucket=bucket, Key=key, Body=text.encode(), IfMatch=version)
-            except Exception as exc:  # botocore's ClientError: 412 when another write came first
-                if "PreconditionFailed" in str(exc) or "412" in str(exc):
-                    return False
-                raise
-            return True
+            return self._put_if(text, IfMatch=version)
         if not self.exists() or self.read_text() != version:
             return False
         self.write_text(text)
         return True
 
-    def mkdir(self) -> None:
-        self.fs.create_dir(self.path, recursive=True)
-
-    def remove(self) -> None:
-        """Delete this file or folder; nothing if it does not exist."""
-        from pyarrow import fs as pafs
-
-        kind = self._type()
-        if kind == pafs.FileType.Directory:
-            self.fs.delete_dir(self.path)
-        elif kind == pafs.FileType.File:
-            self.fs.delete_file(self.path)
+    def _put_if(self, text: str, **condition: str) -> bool:
+        bucket, key = self.path.split("/", 1)
+        try:
+            _s3().put_object(Bucket=bucket, Key=key, Body=text.encode(), **condition)
+        except Exception as exc:  # botocore's ClientError: 412 when the condition fails
+            if "PreconditionFailed" in str(exc) or "412" in str(exc):
+                return False
+            raise
+        return True
 
     def move_to(self, target: Location) -> None:
         """A rename on a disk; in object storage each object copied, then the originals deleted."""
         from pyarrow import fs as pafs
 
         kind = self._type()
-        if kind == pafs.FileType.NotFound:
+        if kind == "NotFound":
             return
         if not self.remote:
             os.makedirs(os.path.dirname(target.path), exist_ok=True)
             os.replace(self.path, target.path)
-        elif kind == pafs.FileType.File:
+        elif kind == "File":
             self.fs.copy_file(self.path, target.path)
             self.fs.delete_file(self.path)
         else:
@@ -351,11 +316,6 @@ class Location:
         with self.fs.open_input_file(self.path) as f:
             return pq.ParquetFile(f).metadata.num_rows
 
-    def read_table(self):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(self.path, filesystem=self.fs)
-
 
 def _s3():
     import boto3  # reads AWS_ENDPOINT_URL and the credentials as the S3 filesystem does
@@ -364,8 +324,8 @@ def _s3():
 
 
 def check_reachable(location: Location, what: str = "OUTPUT_DIR") -> list[str]:
-    """Within seconds, naming the path: a bucket that does not exist, a store that does not answer,
-    credentials it refuses. Reads only; returns the names the folder holds."""
+    """The names the folder holds; within seconds, an error naming a missing bucket, a store that does
+    not answer or refused credentials."""
     from pyarrow import fs as pafs
 
     bucket = location.path.split("/", 1)[0]

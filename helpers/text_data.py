@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pandas as pd
 
@@ -21,6 +22,7 @@ from helpers.pipeline import REJECT_REASON, ROW_ID
 #: What a CSV that is not UTF-8 is read as: Windows' Western encoding, else Latin-1 (any byte).
 FALLBACK_ENCODINGS = ("cp1252", "latin-1")
 HEAD_BYTES = 1 << 20
+COMPRESSED = (".gz", ".bz2", ".zst", ".xz", ".zip", ".lz4")
 
 
 def sample_path() -> Path:
@@ -61,6 +63,10 @@ class CsvInput:
         return pacsv.ConvertOptions(column_types={n: pa.string() for n in self.text_columns if n})
 
 
+def is_compressed(path: str) -> bool:
+    return (urlparse(path).path if storage.is_web(path) else path).lower().endswith(COMPRESSED)
+
+
 def detect_encoding(head: bytes) -> str:
     try:
         codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
@@ -83,7 +89,7 @@ def encoding_problems(files: list[str], fs, encoding: str) -> list[str]:
     not decode, the file and the byte; a UTF-8 file beyond ASCII among cp1252 ones, which it would misread."""
     found = []
     for name in files:
-        if storage.is_compressed(name):
+        if is_compressed(name):
             continue
         strict, utf8 = codecs.getincrementaldecoder(encoding)(), codecs.getincrementaldecoder("utf-8")()
         offset, is_utf8, beyond_ascii = 0, True, False
@@ -117,7 +123,7 @@ def count_rows(files: list[str], fs, encoding: str) -> tuple[int | None, str]:
     """The CSV's rows: counted in a file of at most a MiB, else the first MiB's scaled by the files' sizes."""
     import pyarrow.csv as pacsv
 
-    if storage.is_web(files[0]) or any(storage.is_compressed(f) for f in files):
+    if storage.is_web(files[0]) or any(is_compressed(f) for f in files):
         return None, "a URL or compressed files do not say how many rows they hold"
     try:
         filesystem, _ = storage.resolve(files[0], fs)
@@ -147,7 +153,7 @@ def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_co
         files = storage.list_files(path, fs)
         if not files:
             raise FileNotFoundError(f"INPUT_PATH={storage.redact(path)!r} holds no files")
-        head = b"" if storage.is_compressed(files[0]) else storage.read_head(files[0], HEAD_BYTES, fs)
+        head = b"" if is_compressed(files[0]) else storage.read_head(files[0], HEAD_BYTES, fs)
     except (OSError, ValueError) as exc:
         raise ParameterError(f"Invalid parameters:\n  - {exc}") from None
     encoding = detect_encoding(head)

@@ -99,11 +99,6 @@ def carried(use_case: str) -> list[Path]:
     return [REPO / "notebooks" / f"{use_case}.ipynb", *portable_tests(project_modules(use_case))]
 
 
-def first_line(module: Path) -> str:
-    doc = ast.get_docstring(ast.parse(module.read_text())) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
-
-
 def render(template: str, context: dict) -> str:
     import jinja2
 
@@ -152,7 +147,7 @@ def create(use_case: str, dest: Path, job_name: str) -> Path:
 
     context = {
         "use_case": use_case, "job_name": job_name, **USE_CASES[use_case],
-        "modules": [(name, first_line(REPO / "helpers" / f"{name}.py")) for name in modules],
+        "modules": modules,
         "tests": [t.name for t in tests],
     }
     for template in sorted(TEMPLATES.rglob("*.jinja")):

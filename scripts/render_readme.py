@@ -15,19 +15,15 @@ import re
 import sys
 from pathlib import Path
 
-import nbformat
-
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- params:(?P<name>\w+) -->\n)(?P<body>.*?)(<!-- /params:(?P=name) -->)", re.DOTALL)
 
 
 def parameter_rows(notebook: Path) -> list[tuple[str, str, str]]:
     """(name, default, comment) for each parameter of the notebook's parameters cell."""
-    nb = nbformat.read(notebook, as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    from helpers import parameters
+    from run_notebooks import parameters_cell, parse_cell  # a script beside this one
 
-    return [(p.name, p.source, p.comment) for p in parameters.parse_cell(cell.source)]
+    return [(p.name, p.source, p.comment) for p in parse_cell(parameters_cell(notebook))]
 
 
 def table(notebook: Path) -> str:
@@ -41,15 +37,26 @@ def table(notebook: Path) -> str:
 PRESETS_BLOCK = re.compile(r"(<!-- presets -->\n)(?P<body>.*?)(<!-- /presets -->)", re.DOTALL)
 
 
+def checked(preset) -> str:
+    """What the kit's configuration checks find in ``preset`` on its own hardware."""
+    from helpers.config import ConfigurationError, check
+
+    try:
+        return "; ".join(check(preset)) or "passes"
+    except ConfigurationError as exc:
+        return " ".join(str(exc).split())
+
+
 def presets_table() -> str:
     from helpers.presets import PRESETS
 
-    lines = ["| preset | model | GPU | replicas x GPUs each | batch | max_model_len | blocks | about |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| preset | model | GPU | replicas x GPUs each | batch | max_model_len | blocks | about | the checks |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for task in ("text", "vision"):
         for p in (p for p in PRESETS.values() if p.task == task):
             lines.append(f"| `{p.name}` | {p.model_source} | {p.accelerator_type or 'CPU'} | {p.concurrency} x "
-                         f"{p.gpus_per_replica:g} | {p.batch_size} | {p.max_model_len} | {p.num_blocks} | {p.description} |")
+                         f"{p.gpus_per_replica:g} | {p.batch_size} | {p.max_model_len} | {p.num_blocks} | {p.description} "
+                         f"| {checked(p)} |")
     return "\n".join(lines) + "\n"
 
 

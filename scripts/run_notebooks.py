@@ -14,10 +14,15 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import io
+import tokenize
 import os
 import shutil
 import sys
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = {path.stem: path for path in sorted((REPO / "notebooks").glob("*.ipynb"))}
@@ -34,16 +39,50 @@ def parse_value(text: str) -> object:
         return text
 
 
-def defaults(name: str) -> dict[str, object]:
-    """The notebook's parameters and their default values, read from its ``parameters`` cell
-    (``NAME = literal  # comment``, see :func:`helpers.parameters.parse_cell`)."""
+def unknown_names(given: Iterable[str], known: Collection[str], notebook: str) -> list[str]:
+    """A problem for each name in ``given`` that ``notebook``'s parameters cell lacks. Papermill only
+    warns about such a name and runs on: ``-p LIMT 10000`` would run the whole input."""
+    from helpers.parameters import closest
+
+    return [f"{name} is not a parameter of {notebook} (not in its parameters cell): {closest(name, known)}"
+            for name in given if name not in known]
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    value: Any
+    source: str  # the literal as written
+    comment: str  # the comment on its first line
+
+
+def parse_cell(source: str) -> list[Parameter]:
+    """A ``parameters`` cell: ``NAME = literal  # comment`` each, a literal may span lines. Raises
+    ``ValueError`` on anything else."""
+    tokens = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    comments = {t.start[0]: t.string.lstrip("#").strip() for t in tokens}
+    found = []
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"line {node.lineno}: only NAME = literal assignments belong in the parameters cell")
+        written = ast.get_source_segment(source, node.value) or ""
+        for t in tokens:  # comments inside a multi-line literal are not part of it
+            written = written.replace(t.string, "")
+        written = " ".join(written.split()).replace("[ ", "[").replace(", ]", "]").replace(" ]", "]")
+        found.append(Parameter(node.targets[0].id, ast.literal_eval(node.value), written,
+                               comments.get(node.lineno, "")))
+    return found
+
+
+def parameters_cell(path: Path) -> str:
     import nbformat
 
-    from helpers import parameters
+    return next(c.source for c in nbformat.read(path, as_version=4).cells if "parameters" in c.metadata.get("tags", []))
 
-    nb = nbformat.read(NOTEBOOKS[name], as_version=4)
-    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    return {p.name: p.value for p in parameters.parse_cell(cell.source)}
+
+def defaults(name: str) -> dict[str, object]:
+    """The notebook's parameters and their default values, read from its ``parameters`` cell."""
+    return {p.name: p.value for p in parse_cell(parameters_cell(NOTEBOOKS[name]))}
 
 
 def check_names(names: list[str], overrides: dict[str, object]) -> None:
@@ -52,7 +91,7 @@ def check_names(names: list[str], overrides: dict[str, object]) -> None:
     run the whole input on paid GPUs. Checked before any kernel starts."""
     from helpers import parameters
 
-    problems = [p for name in names for p in parameters.unknown_names(overrides, defaults(name), name)]
+    problems = [p for name in names for p in unknown_names(overrides, defaults(name), name)]
     if problems and len(names) > 1:
         problems.append("a parameter that only one notebook has: run that notebook alone, with --only NAME")
     parameters.raise_if(problems)
@@ -145,7 +184,7 @@ def publish_report(target, name: str, reports: list[Path], started: bool) -> str
     from helpers import run_folder
 
     stem = name
-    target.mkdir()
+    target.fs.create_dir(target.path, recursive=True)
     if not started and any((target / f"{name}{suffix}").exists() for suffix in (".ipynb", ".html")):
         stem = f"{name}-{time.strftime('%Y-%m-%dT%H-%M-%SZ', time.gmtime())}"
         while (target / f"{stem}.html").exists():

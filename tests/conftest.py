@@ -24,7 +24,10 @@ os.environ.setdefault("LLM_KIT_CELL_TIMEOUT", "900")
 
 
 def load_script(name: str, folder: str = "scripts") -> ModuleType:
-    """Import ``<folder>/<name>.py`` as a module (scripts and benchmarks are not packages)."""
+    """Import ``<folder>/<name>.py`` as a module (scripts and benchmarks are not packages; as when run,
+    one imports another beside it)."""
+    if str(REPO / folder) not in sys.path:
+        sys.path.insert(0, str(REPO / folder))
     spec = importlib.util.spec_from_file_location(f"kit_{folder}_{name}", REPO / folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -143,9 +146,9 @@ def tar_bytes(members: dict[str, bytes]) -> bytes:
 
 def sample_files() -> dict[str, bytes]:
     """The bundled sample images, ``{key: bytes}``, as ``scripts/make_sample_images.py`` wrote them."""
-    from helpers import image_data
+    from helpers import images
 
-    with tarfile.open(image_data.sample_path()) as tar:
+    with tarfile.open(images.sample_path()) as tar:
         return {m.name.removesuffix(".jpg"): tar.extractfile(m).read() for m in tar}
 
 

@@ -122,17 +122,17 @@ def test_webdataset_shards_in_a_bucket_are_read_and_prepared_by_rays_workers(s3,
     read as the captioning notebook reads it, by Ray's workers with the bucket's filesystem: each
     sample once, keyed on shard + key, each broken one with its reason."""
     from conftest import blip_samples, blip_shard_bytes
-    from helpers import image_data
+    from helpers import images
 
     for shard, data in blip_shard_bytes().items():
         s3.put_object(Bucket=BUCKET, Key=f"blip3o/data/{shard}", Body=data)
-    source = image_data.image_input(f"s3://{BUCKET}/blip3o/", "auto", "jpg", None)
+    source = images.image_input(f"s3://{BUCKET}/blip3o/", "auto", "jpg", None)
     assert source.format == "webdataset" and source.rows == len(blip_samples())
-    ds = image_data.read(source, num_blocks=4, num_cpus=0.5)
-    ds = ds.map_batches(image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 64})
-    rows = ds.select_columns([image_data.SAMPLE_ID, "reject_reason"]).take_all()
+    ds = images.read(source, num_blocks=4, num_cpus=0.5)
+    ds = ds.map_batches(images.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 64})
+    rows = ds.select_columns([images.SAMPLE_ID, "reject_reason"]).take_all()
     shards = blip_samples()
-    assert sorted(r[image_data.SAMPLE_ID] for r in rows) == sorted(shards)
-    rejected = {shards[r[image_data.SAMPLE_ID]]: r["reject_reason"] for r in rows if r["reject_reason"]}
+    assert sorted(r[images.SAMPLE_ID] for r in rows) == sorted(shards)
+    rejected = {shards[r[images.SAMPLE_ID]]: r["reject_reason"] for r in rows if r["reject_reason"]}
     assert set(rejected) == {n for n in shards.values() if n.startswith("broken_")} | {"no image field"}
     assert rejected["no image field"] == "no 'jpg' value in this row" and rejected["broken_truncated_png"] == "truncated file"

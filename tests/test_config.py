@@ -41,7 +41,7 @@ def test_presets_are_frozen_and_overrides_are_checked():
     with pytest.raises(dataclasses.FrozenInstanceError):
         preset.batch_size = 1  # type: ignore[misc]
     assert preset.override(batch_size=128).batch_size == 128 and preset.batch_size == 256
-    with pytest.raises(TypeError, match=r"unknown preset field\(s\) \['batch_sise'\]"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batch_sise'"):
         preset.override(batch_sise=128)
     assert set(config.ENGINE_KEYS) <= {f.name for f in dataclasses.fields(preset)}
 
@@ -119,19 +119,13 @@ def test_a_mixture_of_experts_model_gets_the_gpus_its_weights_need(tmp_path):
     assert fit(model=str(tmp_path), gpus=seen(("H100", 4))).tensor_parallel_size == 2
 
 
-def test_model_shapes_from_a_folder_a_checkpoint_or_a_known_id(smollm2_path, tmp_path, monkeypatch):
-    import torch
-    from safetensors.torch import save_file
-
+def test_model_shapes_from_a_folder_or_a_known_id(smollm2_path, monkeypatch):
     shape = presets.model_shape(str(smollm2_path))
     assert (shape.layers, shape.kv_heads, shape.head_dim) == (30, 3, 64) and 1.2e8 < shape.parameters < 1.5e8
     assert presets.model_shape(LLAMA_8B) is KNOWN_MODELS[LLAMA_8B]
     llama = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
              "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
     assert abs(ModelShape.from_config(llama).parameters - 8.03e9) / 8.03e9 < 0.01
-    (tmp_path / "config.json").write_text(json.dumps({**llama, "vocab_size": 1000}))
-    save_file({"a": torch.zeros(1000, 64), "b": torch.zeros(3, 5)}, str(tmp_path / "model.safetensors"))
-    assert presets.model_shape(str(tmp_path)).parameters == 64_015  # stated by the checkpoint, not estimated
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert presets.model_shape("someone/unknown-model") is None and presets.model_shape("offline") is None
 
@@ -147,12 +141,9 @@ def test_every_preset_passes_its_checks_and_the_tutorials_warnings_say_why():
     assert config.check(PRESETS["text-llama8b-l4-scaled"].override(max_model_len=128)) == []
     with pytest.raises(ConfigurationError, match="weights need 131.5 GiB per GPU"):
         config.check(PRESETS["text-llama8b-l4"].override(model_source=LLAMA_70B))
-    assert any("PCIe" in w for w in config.check(PRESETS["text-llama8b-l4"].override(tensor_parallel_size=2)))
     assert any("64 x 2 = 128 < max_num_seqs = 256" in w for w in
                [w.replace("batch_size x max_concurrent_batches = ", "64 x 2 = ") for w in
                 config.check(PRESETS["text-llama8b-l4"].override(batch_size=64, max_concurrent_batches=2))])
-    table = config.overview("text")
-    assert table.loc["text-llama8b-l4-scaled", "checks"].startswith("weights") and table.loc["text-llama8b-a100", "checks"] == "passes"
 
 
 def test_engine_settings_win_and_the_table_says_where_each_value_came_from():
@@ -275,10 +266,10 @@ def test_the_context_is_fitted_to_the_requests_preprocess_really_sends(smollm2_p
 def test_an_images_context_counts_its_vision_tokens_with_the_models_processor():
     """Captioning's context was once computed from the prompt parameters: an edited preprocess with a
     longer prompt then failed every row in the engine. Now it is the real request's, image included."""
-    from helpers import image_data
+    from helpers import images
 
     plan = fit("vision")
-    example = image_data.example(64)
+    example = images.example(64)
     from PIL import Image
 
     def request(prompt: str) -> dict:

@@ -19,13 +19,13 @@ from conftest import HUB_TOKEN, REPO, hub_env
 
 LIST = """
 import json, sys, time
-from helpers import image_data, storage
+from helpers import images, storage
 found = {}
 for path in sys.argv[1:]:
     started = time.monotonic()
     try:
         files = storage.list_files(path)
-        found[path] = {"files": files, "format": image_data.detect_format(path, storage.filesystem(path))}
+        found[path] = {"files": files, "format": images.detect_format(files)}
     except Exception as exc:
         found[path] = {"error": f"{type(exc).__name__}: {exc}"}
     found[path]["seconds"] = time.monotonic() - started

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from helpers import image_data, images
+from helpers import images
 
 EXAMPLES = int(os.environ.get("KIT_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
@@ -75,12 +75,12 @@ def _ends_usable_or_rejected(values: list) -> pd.DataFrame:
         try:
             images.prepare_image(value, max_tokens=16)
         except images.ImageRejected as exc:
-            assert exc.reason
-    batch = pd.DataFrame({"row_id": [str(i) for i in range(len(values))], image_data.IMAGE_BYTES: values,
-                          image_data.REJECT_REASON: [""] * len(values)})
-    out = image_data.prepare_batch(batch, max_tokens=16)
+            assert str(exc)
+    batch = pd.DataFrame({"row_id": [str(i) for i in range(len(values))], images.IMAGE_BYTES: values,
+                          images.REJECT_REASON: [""] * len(values)})
+    out = images.prepare_batch(batch, max_tokens=16)
     assert len(out) == len(values)
-    for image, reason in zip(out[image_data.IMAGE], out[image_data.REJECT_REASON]):
+    for image, reason in zip(out[images.IMAGE], out[images.REJECT_REASON]):
         if reason:
             assert image is None and isinstance(reason, str) and len(reason) < 200
         else:
@@ -90,7 +90,7 @@ def _ends_usable_or_rejected(values: list) -> pd.DataFrame:
 
 def test_every_seed_file_is_usable():
     out = _ends_usable_or_rejected([SEEDS[n] for n in NAMES])
-    assert list(out[image_data.REJECT_REASON]) == [""] * len(NAMES)
+    assert list(out[images.REJECT_REASON]) == [""] * len(NAMES)
 
 
 @FUZZ
@@ -132,7 +132,7 @@ NOT_BYTES = st.one_of(st.none(), st.text(max_size=20), st.floats(allow_nan=True)
                        min_size=1, max_size=6))
 def test_mixed_batches_of_anything(values):
     out = _ends_usable_or_rejected(values)
-    for value, reason in zip(values, out[image_data.REJECT_REASON]):
+    for value, reason in zip(values, out[images.REJECT_REASON]):
         if not isinstance(value, (bytes, bytearray)):
             assert reason.startswith("not image bytes")
 
@@ -140,4 +140,4 @@ def test_mixed_batches_of_anything(values):
 @pytest.mark.parametrize("size", [(1, 1), (1, 5000), (5000, 1)])
 def test_extreme_shapes_are_usable(size):
     out = _ends_usable_or_rejected([_encode(Image.new("RGB", size, (10, 20, 30)), "PNG")])
-    assert out[image_data.REJECT_REASON].iloc[0] == ""
+    assert out[images.REJECT_REASON].iloc[0] == ""

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from helpers import images
-from helpers.images import QWEN2_VL_GRID, ImageRejected, fit_size, prepare_image
+from helpers.images import ImageRejected, fit_size, prepare_image, vision_tokens
 
 
 def encode(image: Image.Image, fmt: str, **kwargs) -> bytes:
@@ -37,7 +37,7 @@ def png_with_size(width: int, height: int) -> bytes:
 def test_fit_size_is_on_the_grid_within_budget_and_keeps_aspect(width, height, budget):
     w, h = fit_size(width, height, budget)
     assert w % 28 == 0 and h % 28 == 0
-    assert QWEN2_VL_GRID.tokens(w, h) <= budget
+    assert vision_tokens(w, h) <= budget
     if min(width, height) >= 28 * 4:
         assert abs((w / h) / (width / height) - 1) < 0.2
     assert w <= max(width, 28) and h <= max(height, 28)  # never upscales past the grid minimum
@@ -81,7 +81,7 @@ def test_valid_files_are_prepared(fmt, mode):
     prepared = prepare_image(data, max_tokens=64)
     assert prepared.image.mode == "RGB"
     assert prepared.source_format == fmt and prepared.source_size == (640, 480)
-    assert prepared.vision_tokens == QWEN2_VL_GRID.tokens(*prepared.image.size) <= 64
+    assert prepared.vision_tokens == vision_tokens(*prepared.image.size) <= 64
 
 
 def test_exif_orientation_is_applied():
@@ -130,7 +130,7 @@ def test_large_jpeg_uses_draft_decoding(monkeypatch):
 def test_broken_files_are_refused_with_a_reason(data, reason):
     with pytest.raises(ImageRejected) as err:
         prepare_image(data, max_tokens=64)
-    assert reason in err.value.reason
+    assert reason in str(err.value)
 
 
 def test_truncated_jpeg_is_caught_by_decoding_not_just_opening():

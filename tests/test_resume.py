@@ -36,7 +36,7 @@ def committed_ids(checkpoint) -> set:
     """Ids in Ray's committed checkpoint files in ``checkpoint`` (a folder or a bucket URI; a killed
     write's are ``.pending``)."""
     files = [f for f, _ in Location.of(checkpoint).files() if not f.name.endswith(".pending.parquet")]
-    return set(pd.concat([f.read_table().to_pandas() for f in files]).iloc[:, 0]) if files else set()
+    return set(pd.concat([pd.read_parquet(f.path, filesystem=f.fs) for f in files]).iloc[:, 0]) if files else set()
 
 
 def kill_when_checkpointed(proc: subprocess.Popen, checkpoint, timeout: float = 600) -> None:

@@ -107,6 +107,8 @@ def test_readme_and_docs_generated_tables_match_their_sources(repo):
     for path, text in texts.items():
         assert render.render(text) == text, f"{path.relative_to(repo)}: run python scripts/render_readme.py"
     assert render.main(["--check"]) == 0
+    checks = {row.split("|")[1].strip(" `"): row.split("|")[-2].strip() for row in render.presets_table().splitlines()[2:]}
+    assert checks["text-llama8b-l4-scaled"].startswith("weights") and checks["text-llama8b-a100"] == "passes"
 
 
 def test_render_readme_check_names_a_stale_docs_page_and_a_run_fixes_it(tmp_path, capsys):

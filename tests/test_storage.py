@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from conftest import BUCKET, tar_bytes
-from helpers import image_data, storage
+from helpers import images, storage
 from helpers.storage import Location, OutputLocationError
 
 
@@ -51,9 +51,9 @@ def test_remote_layouts_are_listed_not_guessed(s3):
     fs = storage.filesystem(f"s3://{BUCKET}/")
     assert storage.list_files(f"s3://{BUCKET}/layouts/wds/", fs) == [
         f"s3://{BUCKET}/layouts/wds/shard-000000.tar", f"s3://{BUCKET}/layouts/wds/shard-000001.tar"]
-    assert image_data.detect_format(f"s3://{BUCKET}/layouts/wds/", fs) == "webdataset"
-    assert image_data.detect_format(f"s3://{BUCKET}/layouts/pq", fs) == "parquet"
-    assert image_data.detect_format(f"s3://{BUCKET}/layouts/img/", fs) == "images"
+    assert images.detect_format(storage.list_files(f"s3://{BUCKET}/layouts/wds/", fs)) == "webdataset"
+    assert images.detect_format(storage.list_files(f"s3://{BUCKET}/layouts/pq", fs)) == "parquet"
+    assert images.detect_format(storage.list_files(f"s3://{BUCKET}/layouts/img/", fs)) == "images"
     with pytest.raises(FileNotFoundError):
         storage.list_files(f"s3://{BUCKET}/layouts/nothing/", fs)
 
@@ -71,7 +71,7 @@ def test_a_location_in_a_bucket_reads_writes_lists_moves_and_removes(s3):
     assert found == part and found.parquet_rows() == 2 and abs(modified - time.time()) < 120
     (folder / "a").move_to(folder / "earlier" / "a")
     assert keys(s3, "loc/") - {""} == {"earlier/a/x.parquet", "b.txt"}  # "": a folder marker pyarrow leaves
-    folder.remove()
+    folder.fs.delete_dir(folder.path)
     assert not folder.exists() and keys(s3, "loc/") - {""} == set()
     with pytest.raises(OutputLocationError, match="web address"):
         Location.of("https://example.com/results")

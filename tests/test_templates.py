@@ -38,8 +38,8 @@ def test_each_use_case_takes_only_the_helpers_it_imports(new_project):
     vision = new_project.module_closure(new_project.helper_imports(
         new_project.notebook_code(REPO / "notebooks" / "vlm_captioning.ipynb")))
     assert {"labels", "presets", "config", "pipeline", "run_folder", "data"} <= set(text)
-    assert not {"images", "image_data"} & set(text)
-    assert {"images", "image_data", "presets", "pipeline"} <= set(vision) and "labels" not in vision
+    assert "images" not in text and "text_data" not in vision
+    assert {"images", "presets", "pipeline"} <= set(vision) and "labels" not in vision
 
 
 def test_bad_requests_fail_clearly(new_project, tmp_path):
@@ -113,7 +113,7 @@ PROJECT_ORDER = ["text_classification", "vlm_captioning"]
 
 def test_only_test_files_both_projects_carry_are_left_to_the_first(new_project):
     both = shared_with_an_earlier_project(new_project, "vlm_captioning", set(PROJECT_ORDER))
-    assert "test_pipeline.py" in both and not {"test_images.py", "test_image_data.py", "vlm_captioning.ipynb"} & both
+    assert "test_pipeline.py" in both and not {"test_images.py", "test_image_input.py", "vlm_captioning.ipynb"} & both
     assert not shared_with_an_earlier_project(new_project, "vlm_captioning", {"vlm_captioning"})
     assert not shared_with_an_earlier_project(new_project, "text_classification", set(PROJECT_ORDER))
 

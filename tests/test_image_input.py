@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from helpers import image_data
+from helpers import images, storage
 from helpers.pipeline import REJECT_REASON, ROW_ID
 from helpers.parameters import ParameterError
 
@@ -40,7 +40,7 @@ def write_webdataset(files: dict[str, bytes], path, caption: str | None = None):
 
 @pytest.fixture(scope="module")
 def sample():
-    with tarfile.open(image_data.sample_path()) as tar:
+    with tarfile.open(images.sample_path()) as tar:
         return {m.name.removesuffix(".jpg"): tar.extractfile(m).read() for m in tar}
 
 
@@ -53,73 +53,73 @@ def test_the_sample_has_real_photos_awkward_variants_and_broken_files(sample):
 
 
 def test_prepare_batch_keeps_every_row_and_gives_reasons(sample):
-    batch = pd.DataFrame({ROW_ID: list(sample), image_data.SOURCE: list(sample), image_data.IMAGE_BYTES: list(sample.values())})
-    out = image_data.prepare_batch(batch, max_tokens=16)
+    batch = pd.DataFrame({ROW_ID: list(sample), images.SOURCE: list(sample), images.IMAGE_BYTES: list(sample.values())})
+    out = images.prepare_batch(batch, max_tokens=16)
     assert out[ROW_ID].tolist() == list(sample)
     assert sorted(out[out[REJECT_REASON] != ""][ROW_ID]) == sorted(k for k in sample if k.startswith("broken_"))
     ok = out[out[REJECT_REASON] == ""]
-    assert all(img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 for img in ok[image_data.IMAGE])
+    assert all(img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 for img in ok[images.IMAGE])
     assert (ok["vision_tokens"] <= 16).all() and (ok["width"] % 28 == 0).all()
-    assert image_data.IMAGE_BYTES not in out.columns  # raw bytes never travel further
-    given = pd.DataFrame({ROW_ID: ["x"], image_data.IMAGE_BYTES: [jpeg()], REJECT_REASON: ["no 'jpg' value in this row"]})
-    assert image_data.prepare_batch(given, max_tokens=16)[REJECT_REASON].tolist() == ["no 'jpg' value in this row"]
+    assert images.IMAGE_BYTES not in out.columns  # raw bytes never travel further
+    given = pd.DataFrame({ROW_ID: ["x"], images.IMAGE_BYTES: [jpeg()], REJECT_REASON: ["no 'jpg' value in this row"]})
+    assert images.prepare_batch(given, max_tokens=16)[REJECT_REASON].tolist() == ["no 'jpg' value in this row"]
 
 
 def test_the_layout_is_told_from_the_file_names(tmp_path):
     shard = write_webdataset({"a": b"1"}, tmp_path / "w" / "s.tar")
-    assert image_data.detect_format(str(shard)) == image_data.detect_format(str(shard.parent)) == "webdataset"
+    assert images.detect_format(storage.list_files(str(shard))) == images.detect_format(storage.list_files(str(shard.parent))) == "webdataset"
     (tmp_path / "w" / ".complete.json").write_text("{}")  # hidden files don't count
-    assert image_data.detect_format(str(shard.parent)) == "webdataset"
+    assert images.detect_format(storage.list_files(str(shard.parent))) == "webdataset"
     (tmp_path / "p").mkdir()
     pd.DataFrame({"jpg": [b"1"]}).to_parquet(tmp_path / "p" / "x.parquet")
-    assert image_data.detect_format("file://" + str(tmp_path / "p")) == "parquet"
+    assert images.detect_format(storage.list_files("file://" + str(tmp_path / "p"))) == "parquet"
     (tmp_path / "i").mkdir()
     (tmp_path / "i" / "a.png").write_bytes(b"1")
-    assert image_data.detect_format(str(tmp_path / "i")) == "images"
+    assert images.detect_format(storage.list_files(str(tmp_path / "i"))) == "images"
     (tmp_path / "i" / "b.tar").write_bytes(b"1")
     with pytest.raises(ValueError, match="mixes .tar or .parquet files with others"):
-        image_data.detect_format(str(tmp_path / "i"))
+        images.detect_format(storage.list_files(str(tmp_path / "i")))
 
 
 def test_the_input_is_checked_counted_and_its_id_column_fits_the_layout(tmp_path):
-    sample = image_data.image_input(None, "auto", image_data.KEPT[0] and "jpg", None)
+    sample = images.image_input(None, "auto", images.KEPT[0] and "jpg", None)
     assert (sample.format, sample.rows, sample.source_id) == ("webdataset", 24, "sample_id")
     with pytest.raises(ParameterError, match="ID_COLUMN='key' applies to parquet input only; this input is webdataset"):
-        image_data.image_input(None, "auto", "jpg", "key")
+        images.image_input(None, "auto", "jpg", "key")
     (tmp_path / "pq").mkdir()
     pd.DataFrame({"key": ["a", "b"], "jpg": [jpeg(), jpeg()]}).to_parquet(tmp_path / "pq" / "x.parquet")
-    parquet = image_data.image_input(str(tmp_path / "pq"), "auto", "jpg", "key")
+    parquet = images.image_input(str(tmp_path / "pq"), "auto", "jpg", "key")
     assert (parquet.rows, parquet.source_id, parquet.kept[-1]) == (2, "key", "key")
-    assert image_data.image_input(str(tmp_path / "pq"), "auto", "jpg", None).source_id == "row_hash"
+    assert images.image_input(str(tmp_path / "pq"), "auto", "jpg", None).source_id == "row_hash"
     with pytest.raises(ParameterError, match="ID_COLUMN='id' is not a column"):
-        image_data.image_input(str(tmp_path / "pq"), "auto", "jpg", "id")
+        images.image_input(str(tmp_path / "pq"), "auto", "jpg", "id")
     big = {f"{i:06d}": jpeg() for i in range(400)}
     write_webdataset(big, tmp_path / "wds" / "a.tar")
     write_webdataset(big, tmp_path / "wds" / "b.tar")
-    estimated = image_data.image_input(str(tmp_path / "wds"), "auto", "jpg", None)
+    estimated = images.image_input(str(tmp_path / "wds"), "auto", "jpg", None)
     assert abs(estimated.rows - 800) <= 40 and estimated.rows_basis.startswith("estimated")
 
 
 def test_image_values_from_hf_structs_plain_bytes_alternatives_missing_and_wrong_types():
-    assert image_data.image_value({"bytes": b"ab", "path": None}, "jpg") == (b"ab", "")
-    assert image_data.image_value(np.frombuffer(b"ef", np.uint8), "jpg") == (b"ef", "")
+    assert images.image_value({"bytes": b"ab", "path": None}, "jpg") == (b"ab", "")
+    assert images.image_value(np.frombuffer(b"ef", np.uint8), "jpg") == (b"ef", "")
     for missing in (None, float("nan"), {"bytes": None}):
-        assert image_data.image_value(missing, "jpg") == (b"", "no 'jpg' value in this row")
-    assert image_data.image_value("a path?", "jpg") == (b"", "not image bytes (the 'jpg' value is a str)")
+        assert images.image_value(missing, "jpg") == (b"", "no 'jpg' value in this row")
+    assert images.image_value("a path?", "jpg") == (b"", "not image bytes (the 'jpg' value is a str)")
     batch = pd.DataFrame([{"jpg": b"j"}, {"png": b"p"}, {"json": b"{}"}, {"JPEG": b"J"}])
     spec = "jpg;jpeg;png"
-    assert image_data.image_values(batch, spec) == [(b"j", ""), (b"p", ""), (b"", f"no {spec!r} value in this row"), (b"J", "")]
+    assert images.image_values(batch, spec) == [(b"j", ""), (b"p", ""), (b"", f"no {spec!r} value in this row"), (b"J", "")]
 
 
 def test_sample_ids_name_the_shards_path_under_the_input():
-    assert image_data.relative_shard("/data/wds/train/000000.tar", "/data/wds/") == "train/000000.tar"
-    assert image_data.relative_shard("bucket/blip3o/000001.tar", "s3://bucket/blip3o/") == "000001.tar"
-    assert image_data.relative_shard("/data/wds/a.tar", "/data/wds/a.tar") == "a.tar"  # one shard given
+    assert images.relative_shard("/data/wds/train/000000.tar", "/data/wds/") == "train/000000.tar"
+    assert images.relative_shard("bucket/blip3o/000001.tar", "s3://bucket/blip3o/") == "000001.tar"
+    assert images.relative_shard("/data/wds/a.tar", "/data/wds/a.tar") == "a.tar"  # one shard given
 
 
 def read(path, fmt="auto", image_column="jpg;jpeg;png;webp", id_column=None, **kwargs):
-    source = image_data.image_input(str(path), fmt, image_column, id_column)
-    return image_data.read(source, num_blocks=kwargs.pop("num_blocks", 4), num_cpus=0.5, **kwargs)
+    source = images.image_input(str(path), fmt, image_column, id_column)
+    return images.read(source, num_blocks=kwargs.pop("num_blocks", 4), num_cpus=0.5, **kwargs)
 
 
 @pytest.mark.slow
@@ -134,7 +134,7 @@ def test_readers_for_all_three_layouts_and_a_layout_wrong_as_a_whole(local_ray, 
         (tmp_path / "img" / f"{name}.jpg").write_bytes(payload)
     for path, id_column in [(shard, None), (tmp_path / "pq", "key"), (tmp_path / "img", None)]:
         rows = read(path, id_column=id_column).take_all()
-        assert sorted(len(r[image_data.IMAGE_BYTES]) for r in rows) == sorted(len(b) for b in files.values())
+        assert sorted(len(r[images.IMAGE_BYTES]) for r in rows) == sorted(len(b) for b in files.values())
         assert len({r[ROW_ID] for r in rows}) == 3
     with pytest.raises(ParameterError, match="none of the first 3 parquet rows has a 'png' value"):
         read(tmp_path / "pq", image_column="png")
@@ -154,12 +154,12 @@ def test_scraped_shards_mixing_extensions_and_folders_with_the_same_shard_names(
             "000000.jpg": jpeg(), "000000.json": b"{}", "000001.png": encoded("PNG"), "000001.json": b"{}",
             "000002.JPEG": encoded("JPEG"), "000003.webp": encoded("WEBP"), "000004.txt": b"no image"})
     rows = read(tmp_path / "wds", image_column="jpg;jpeg;png;webp").map_batches(
-        image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
-    by_id = {r[image_data.SAMPLE_ID]: r for r in rows}
+        images.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
+    by_id = {r[images.SAMPLE_ID]: r for r in rows}
     assert sorted(by_id) == sorted(f"{f}/000000.tar/00000{i}" for f in ("train", "val") for i in range(5))
     assert {by_id[f"val/000000.tar/00000{i}"][REJECT_REASON] for i in range(4)} == {""}
     assert by_id["train/000000.tar/000004"][REJECT_REASON] == "no 'jpg;jpeg;png;webp' value in this row"
-    assert by_id["val/000000.tar/000001"][image_data.SOURCE] == "val/000000.tar:000001"
+    assert by_id["val/000000.tar/000001"][images.SOURCE] == "val/000000.tar:000001"
 
 
 @pytest.mark.slow
@@ -168,7 +168,7 @@ def test_parquet_rows_are_told_apart_by_file_and_position_and_bad_values_are_rej
     pd.DataFrame({"jpg": [jpeg(), None, jpeg()]}).to_parquet(tmp_path / "pq" / "x.parquet")
     pd.DataFrame({"jpg": ["https://example.com/a.jpg"]}).to_parquet(tmp_path / "pq" / "y.parquet")
     rows = read(tmp_path / "pq", image_column="jpg").map_batches(
-        image_data.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
+        images.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 4}).take_all()
     assert len(rows) == 4 and len({r[ROW_ID] for r in rows}) == 4  # the same bytes twice are two rows
     again = read(tmp_path / "pq", image_column="jpg", num_blocks=3).take_all()
     assert {r[ROW_ID] for r in again} == {r[ROW_ID] for r in rows}  # however the rows are split
@@ -187,21 +187,23 @@ def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_
         "image": [{"bytes": sample["astronaut"], "path": "astronaut.jpg"}, {"bytes": None, "path": "images/moon.jpg"},
                   {"bytes": None, "path": str(tmp_path / "abs.jpg")}, {"bytes": None, "path": "images/missing.jpg"},
                   {"bytes": None, "path": None}],
-        "path": [str(tmp_path / "train-00000.parquet")] * 5, image_data.ROW_HASH: [11, 12, 13, 14, 15]})
-    out = image_data._from_parquet(batch, "image", None, root=str(tmp_path), filesystem=None)
+        "path": [str(tmp_path / "train-00000.parquet")] * 5, images.ROW_HASH: [11, 12, 13, 14, 15]})
+    out = images._from_parquet(batch, "image", None, root=str(tmp_path), filesystem=None)
     assert out[ROW_ID].tolist() == [f"{h:016x}" for h in (11, 12, 13, 14, 15)]
-    assert out[image_data.ROW_HASH].tolist() == [11, 12, 13, 14, 15]  # kept: resuming keys on it
-    assert out[image_data.IMAGE_BYTES].tolist()[:3] == [sample["astronaut"], sample["moon"], sample["coins"]]
+    assert out[images.ROW_HASH].tolist() == [11, 12, 13, 14, 15]  # kept: resuming keys on it
+    assert out[images.IMAGE_BYTES].tolist()[:3] == [sample["astronaut"], sample["moon"], sample["coins"]]
     assert out[REJECT_REASON][3] == "the image file 'images/missing.jpg' this row names could not be read (FileNotFoundError)"
     assert out[REJECT_REASON][4] == "no 'image' value in this row"
 
 
-def test_the_example_is_the_largest_image_the_budget_allows_and_the_grid_draws_any_caption(tmp_path):
-    example = image_data.example(64)
+def test_the_example_is_the_largest_image_the_budget_allows_and_the_grid_draws_any_caption(local_ray, tmp_path):
+    example = images.example(64)
     assert example["vision_tokens"] <= 64 and example["image"].shape == (example["height"], example["width"], 3)
-    assert image_data.example(64, keep_aspect=False)["width"] == image_data.example(64, keep_aspect=False)["height"]
+    assert images.example(64, keep_aspect=False)["width"] == images.example(64, keep_aspect=False)["height"]
     image = np.zeros((28, 28, 3), np.uint8)
-    image_data.plot_image_grid([(image, "a$b$.jpg", "x\ufffd\U000e0001" * 30), (image, "b", "")], tmp_path / "g.png", columns=2)
+    rows = [{ROW_ID: "a", images.SOURCE: "s.tar:a$b$", images.IMAGE: image, REJECT_REASON: ""},
+            {ROW_ID: "b", images.SOURCE: "s.tar:b", images.IMAGE: image, REJECT_REASON: ""}]
+    fig = images.plot_captions(local_ray.data.from_items(rows), {"a": "x\ufffd\U000e0001" * 30}, tmp_path / "g.png", columns=2)
     assert (tmp_path / "g.png").stat().st_size > 0
-    assert image_data.readable("ab\ufffd", lambda ch: True) == "ab·"
-    assert image_data.readable("\ufffd" * 5, lambda ch: True).startswith("(5 characters, most without a glyph")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert texts[0].startswith("x··x··") and texts[1] == "(no caption)"
