@@ -325,10 +325,10 @@ class EmptyInputError(Explained, ValueError):
     """The input holds no rows."""
 
 
-def check_ids(ds, column: str | None, sample: int = 200) -> list[dict[str, Any]]:
-    """The first ``sample`` rows; with ``column``, every id read in the same pass, and an error naming
-    the empty and repeated ones and the fix."""
-    kept, ids = [], []
+def check_ids(ds, column: str | None, limit: int | None = None, sample: int = 200) -> list[dict[str, Any]]:
+    """The first ``sample`` rows of the first ``limit``; with ``column``, every id read in the same pass,
+    and an error naming the empty and repeated ones and the fix."""
+    ds, kept, ids = first_rows(ds, limit), [], []
     for batch in ds.iter_batches(batch_format="pandas", batch_size=65_536) if column else [pd.DataFrame(ds.take(sample))]:
         kept += batch.head(sample - len(kept)).to_dict("records")
         ids += [batch[column].astype("string")] if column else []

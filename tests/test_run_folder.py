@@ -41,9 +41,9 @@ def interrupted(run) -> None:
     """What a run killed after its first checkpoint leaves: parts, and a committed checkpoint file."""
     import pandas as pd
 
-    (run.where / "parts").mkdir()
+    os.makedirs(os.path.join(run.where.path, "parts"))
     pd.DataFrame({"x": ["1", "2"]}).to_parquet(os.path.join(run.where.path, "parts", "p.parquet"))
-    (run.where / "checkpoint" / "results").mkdir()
+    os.makedirs(os.path.join(run.where.path, "checkpoint", "results"))
     pd.DataFrame({"x": ["1", "2"]}).to_parquet(os.path.join(run.where.path, "checkpoint", "results", "c.parquet"))
 
 
