@@ -6,10 +6,11 @@ another, empty one. Ray Data writes each block's results on the node that holds 
 its ``OUTPUT_DIR`` there would leave the worker's results on the worker's "disk", lost to the
 driver. The kit must stop before that (``helpers.run_folder.every_node_sees``).
 
-The kit's cache (``~/.cache/llm-batch-kit``: the offline models, the sample images) is a tmpfs of
-the worker's own too, as another machine's home is: an engine placed on the worker loads the model
-from the driver's path there, so the run must prepare it there (``helpers.cluster.prepare_every_node``). And a
-worker node that dies part-way, with the engine on it, must cost no row and repeat none.
+The kit's cache (``~/.cache/llm-batch-kit``: the offline text model) is a tmpfs of the worker's own
+too, as another machine's home is: an engine placed on the worker would not find the model the driver
+prepared, so the run must stop before it starts (``helpers.cluster.start``); with the cache on a folder
+both nodes see (``LLM_KIT_CACHE``), it runs. And a worker node that dies part-way, with the engine on
+it, must cost no row and repeat none.
 """
 
 from __future__ import annotations
@@ -112,6 +113,15 @@ raise AssertionError("the run started")
 """
 
 
+MODEL = """
+import sys
+from helpers import cluster
+from helpers.presets import PRESETS
+for folder in sys.argv[1:]:  # a model folder on this machine only, then one every node sees
+    cluster.start(PRESETS["text-cpu-offline"].override(stage_cpus=0.1, tokenize_stage=False, model_path=folder))
+"""
+
+
 @pytest.mark.slow
 def test_a_folder_one_node_does_not_see_stops_the_run_before_rows_are_lost(two_nodes, tmp_path):
     """The check itself on both kinds of folder, then a run, joined to the cluster as a user's run is
@@ -148,6 +158,17 @@ def test_a_folder_one_node_does_not_see_stops_the_run_before_rows_are_lost(two_n
     assert "NodeLocalOutputError" in said and "do not see" in said and "a bucket" in said, said[-3000:]
     assert "the run started" not in said
     assert not list((private / "text_classification").glob("parts/**/*.parquet"))
+
+    for folder in (node_disk / "model", tmp_path / "shared-model"):  # a model folder, as the offline one is
+        folder.mkdir()
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+    run = subprocess.run([sys.executable, "-c", MODEL, str(node_disk / "model"), str(tmp_path / "shared-model")],
+                         env={**env, "RAY_ADDRESS": gcs}, capture_output=True, text=True, timeout=300)
+    said = run.stdout + run.stderr
+    assert run.returncode != 0 and "NodeLocalModelError" in said and "LLM_KIT_CACHE" in said, said[-3000:]
+    run = subprocess.run([sys.executable, "-c", MODEL, str(tmp_path / "shared-model")],
+                         env={**env, "RAY_ADDRESS": gcs}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "joined the Ray cluster at " in run.stdout, (run.stdout + run.stderr)[-3000:]
 
 
 def run_notebook(env: dict, out: str, params: dict, wait: bool = True, log: Path | None = None):
@@ -230,7 +251,7 @@ def test_on_two_nodes_a_bucket_loses_and_duplicates_nothing_across_kills(s3, two
     """On a real two-node cluster whose worker has a cache of its own, the text notebook with its
     input (a folder of CSV files) and OUTPUT_DIR in a bucket (moto's S3 server, reached from both
     nodes), LIMIT set (as job.yaml runs it: resuming was once off whenever LIMIT was set), and the
-    engine on the worker (the head's CPUs held), which prepares the offline model itself: a run
+    engine on the worker (the head's CPUs held), the offline model in a cache both nodes see: a run
     SIGKILLed part-way; a re-run with a changed setting stops before the pipeline, saying what
     changed, and leaves the interrupted run's objects as they were; then the run again, and during
     it the worker node SIGKILLed with the engine on it. That run finishes on the head, and accounts
@@ -244,7 +265,7 @@ def test_on_two_nodes_a_bucket_loses_and_duplicates_nothing_across_kills(s3, two
     from test_resume import committed_ids, kill_when_checkpointed
 
     gcs, env, _ = two_nodes
-    env = {**env, "RAY_ADDRESS": gcs, "LLM_KIT_CELL_TIMEOUT": "900"}
+    env = {**env, "RAY_ADDRESS": gcs, "LLM_KIT_CELL_TIMEOUT": "900", "LLM_KIT_CACHE": str(tmp_path / "cache")}
     limit = 120
     s3.upload_file(str(REPO / "helpers" / "sample_data" / "customers.csv"), BUCKET, "customers/part-0.csv")
     # "auto" never falls back to CPUs on a cluster; small blocks and batches: a commit every 4 rows.
@@ -263,7 +284,7 @@ def test_on_two_nodes_a_bucket_loses_and_duplicates_nothing_across_kills(s3, two
     holder = hold_the_heads_cpus(env, gcs)
     try:
         first = run_notebook(env, root, slow, wait=False)
-        kill_when_checkpointed(first, checkpoint)  # the engine on the worker, from its own cache, answered
+        kill_when_checkpointed(first, checkpoint)  # the engine on the worker, from the shared cache, answered
         done_before = committed_ids(checkpoint)
         assert 0 < len(done_before) < limit
 
