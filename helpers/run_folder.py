@@ -166,6 +166,12 @@ def changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             for k in sorted(set(before) | set(after)) if before.get(k, missing) != after.get(k, missing)]
 
 
+def claim(where: Location) -> None:
+    """Mark ``where`` as the kit's: later runs move its files aside, never delete them."""
+    (where / MARKER).write_text("Results of the LLM batch inference kit: a new run moves earlier results to earlier/ "
+                                "and never deletes them.\n")
+
+
 def open_folder(output_dir: Any, resume: Any = True, start_over: Any = False) -> RunFolder:
     """``OUTPUT_DIR`` (a folder or a bucket) checked before anything starts: writable, new, empty or the
     kit's (papermill's notebooks aside), held by no live run, and any interrupted run there one this
@@ -242,8 +248,7 @@ class RunFolder:
                 f"rows finished, and this run would not resume it: {why}\nNothing was changed there. Run again with its "
                 "settings to finish it, or set START_OVER=True to start over (its rows are then kept in "
                 f"{EARLIER}/), or choose another OUTPUT_DIR.")
-        (self.where / MARKER).write_text("Results of the LLM batch inference kit: a new run moves earlier results to "
-                                         "earlier/ and never deletes them.\n")
+        claim(self.where)
         stamp, n = time.strftime("%Y-%m-%dT%H-%M-%SZ", time.gmtime()), 1
         earlier = self.where / EARLIER / stamp
         while earlier.exists():

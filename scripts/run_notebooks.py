@@ -191,6 +191,7 @@ def publish_report(target, name: str, reports: list[Path], started: bool) -> str
             stem += "-2"
         print(f"[{name}] the notebook stopped before its run started: its report is {stem}.html, beside the "
               "earlier one", flush=True)
+    run_folder.claim(target)  # a report of a notebook that stopped early makes the folder the kit's too
     for report in reports:
         if report.is_file():
             if started:

@@ -237,6 +237,27 @@ def test_no_run_overwrites_an_earlier_runs_report(tmp_path, monkeypatch):
     assert html in reports(out)
 
 
+def test_a_notebook_that_stops_before_its_run_leaves_a_folder_the_next_run_takes(tmp_path, monkeypatch):
+    """A job whose notebook stopped at its checks (PRESET="auto" on a cluster without GPUs) left only its
+    report in a new OUTPUT_DIR, and the next job was refused it: "not written by this kit"."""
+    import papermill
+
+    runner = load_script("run_notebooks")
+    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None\nSTOP = True",
+                                  "assert not STOP, 'stopped at the checks'\n"
+                                  "from helpers import pipeline, run_folder\nfrom helpers.presets import PRESETS\n"
+                                  "fns = pipeline.checked(lambda r: {'messages': []}, lambda r: {'y': ''}, {'x': 1})\n"
+                                  "run_folder.open_folder(OUTPUT_DIR).start(PRESETS['text-cpu-offline'], fns, "
+                                  "id_column='id', settings={}).lock.release()")
+    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
+    monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_bytes(executed.read_bytes()))
+    with pytest.raises(papermill.PapermillExecutionError):
+        runner.run("tiny", tmp_path / "results", {}, cwd=tmp_path)
+    assert (tmp_path / "results" / "tiny" / "tiny.html").is_file()
+    runner.run("tiny", tmp_path / "results", {"STOP": False}, cwd=tmp_path)
+    assert (tmp_path / "results" / "tiny" / "run.json").is_file()
+
+
 def test_a_mistyped_parameter_stops_the_runner_before_the_kernel_starts(tmp_path, monkeypatch, capsys):
     """``-p LIMT 10000`` passed papermill's warning and ran the whole input."""
     import papermill
