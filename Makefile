@@ -79,6 +79,7 @@ job: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# The long end-to-end runs CI leaves out to stay within its hour (see README, "Tests").
+# The long end-to-end runs CI leaves out to stay within its time (see README, "Tests"); a project
+# copied from the kit may have none (pytest's exit status 5: no test collected).
 test-extended: $(STAMP)
-	$(BIN)/python -m pytest -m extended
+	$(BIN)/python -m pytest -m extended || [ $$? -eq 5 ]

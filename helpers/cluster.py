@@ -70,10 +70,6 @@ class Gpus:
     def count(self) -> int:
         return sum(self.per_node)
 
-    @property
-    def largest_node(self) -> int:
-        return max(self.per_node, default=0)
-
     def replicas(self, per_replica: int) -> int:
         return sum(n // max(1, per_replica) for n in self.per_node)
 
@@ -149,6 +145,7 @@ class Needs:
     stage_cpus: float
     gpu_type: str | None = None  # Ray's label
     gpus_per_replica: float = 0
+    stages: int = 1  # pipeline-parallel stages: each stage's GPUs on one node
     task_cpus: float = 1.0
 
     @property
@@ -166,19 +163,19 @@ class Needs:
         return [dict(b) for _ in range(self.replicas) for b in engine] + [dict(b) for b in light] + [{"CPU": self.task_cpus}]
 
 
-def gpu_problems(cluster: Mapping[str, Any], gpu_type: str, per_replica: float, replicas: int) -> list[str]:
-    """What ``cluster`` lacks for ``replicas`` engines of ``per_replica`` GPUs each, node by node."""
+def gpu_problems(cluster: Mapping[str, Any], gpu_type: str, per_replica: float, replicas: int, stages: int = 1) -> list[str]:
+    """What ``cluster`` lacks for ``replicas`` engines of ``per_replica`` GPUs each, node by node: each of a
+    replica's pipeline ``stages`` (its tensor-parallel group) on one node."""
     label = ray_label(gpu_type)
     types = sorted({str(n["gpu_type"]) for n in cluster.get("nodes", []) if n["gpus"]})
     if label not in types:
         return [f"accelerator_type={gpu_type!r} is not in the cluster (it has: {types or 'no GPUs'})"]
-    gpus = choose(cluster, label)
-    fit = (sum(int(n / per_replica + 1e-9) for n in gpus.per_node) if per_replica < 1
-           else gpus.replicas(math.ceil(per_replica - 1e-9)))
+    gpus, group = choose(cluster, label), per_replica / stages
+    fit = (sum(int(n / group + 1e-9) for n in gpus.per_node) if group < 1 else gpus.replicas(math.ceil(group - 1e-9))) // stages
     if fit >= replicas:
         return []
     return [f"{replicas} engine replicas x {per_replica:g} GPU need {math.ceil(per_replica * replicas - 1e-9)} GPUs, "
-            f"but the cluster has {gpus.describe()}, which holds {fit} (a replica's GPUs are on one node)"]
+            f"but the cluster has {gpus.describe()}, which holds {fit} (a tensor-parallel group's GPUs are on one node)"]
 
 
 def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
@@ -201,7 +198,7 @@ def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
         found.append(f"with the actors placed, no node keeps {needs.task_cpus:g} CPU free for the pipeline's tasks "
                      f"(nodes of {shown} CPUs)")
     if needs.gpu_type:
-        found += gpu_problems(cluster, needs.gpu_type, needs.gpus_per_replica, needs.replicas)
+        found += gpu_problems(cluster, needs.gpu_type, needs.gpus_per_replica, needs.replicas, needs.stages)
     return found
 
 
@@ -310,13 +307,6 @@ def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Ma
     return answers
 
 
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError as exc:
-        return f"({type(exc).__name__})"
-
-
 def blind_nodes(path: str, text: str, timeout_s: float = 120) -> list[str]:
     """The addresses of the live nodes where ``path`` does not read as ``text`` (none with one node):
     Ray's tasks read and write files on the node they run on."""
@@ -325,7 +315,8 @@ def blind_nodes(path: str, text: str, timeout_s: float = 120) -> list[str]:
     nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
     if len(nodes) <= 1:
         return []
-    return [n["NodeManagerAddress"] for n, seen in zip(nodes, on_each_node(_read, [path], nodes, timeout_s)) if seen != text]
+    seen = on_each_node(lambda p: Path(p).read_text() if Path(p).is_file() else "", [path], nodes, timeout_s)
+    return [n["NodeManagerAddress"] for n, answer in zip(nodes, seen) if answer != text]
 
 
 class NodeLocalModelError(Explained, RuntimeError):
@@ -388,7 +379,7 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     raise_if(flag("VERBOSE", verbose))
     needs = Needs(plan.replicas, plan.replicas * (2 if plan.tokenize_stage or plan.task == "vision" else 1),
                   plan.stage_cpus, ray_label(plan.accelerator_type) if plan.accelerator_type else None,
-                  plan.gpus_per_replica)
+                  plan.gpus_per_replica, plan.pipeline_parallel_size)
     address = os.environ.get("RAY_ADDRESS")
     joined = bool(address) and address != "local"
     context = ray.data.DataContext.get_current()

@@ -112,7 +112,7 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
     reasons = {"accelerator_type": f"planned for {gpus.describe()}"}
     shape = model_shape(model)
     budget = memory_budget(memory, base.gpu_memory_utilization)
-    tp = next((t for t in (1, 2, 4, 8) if t <= gpus.largest_node and shape.divides(t)
+    tp = next((t for t in (1, 2, 4, 8) if t <= max(gpus.per_node, default=0) and shape.divides(t)
                and shape.weight_bytes() / t <= 0.8 * budget), None) if shape else 1
     if tp is None and "model_source" not in given:  # the offline model is what runs: it fits any GPU
         shape, tp = None, 1

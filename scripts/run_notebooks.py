@@ -6,7 +6,7 @@ charts, summary.json). The notebook is the single source of truth: this runs it,
 
     python scripts/run_notebooks.py                       # both notebooks, bundled data, offline models
     python scripts/run_notebooks.py --only text_classification -p LIMIT 50
-    python scripts/run_notebooks.py -p MODEL_SOURCE unsloth/Llama-3.1-8B-Instruct -p ACCELERATOR_TYPE L4
+    python scripts/run_notebooks.py -p MODEL_SOURCE unsloth/Llama-3.1-8B-Instruct -p ENGINE "{'accelerator_type': 'L4'}"
 """
 
 from __future__ import annotations

@@ -292,6 +292,10 @@ def test_a_cluster_is_read_node_by_node_and_its_fit_placed_there():
     assert "no node keeps 1 CPU free" in cluster.problems(tight, cluster.Needs(2, 1, 0.1))[0]
     assert "fits on none of the nodes" in cluster.problems(tight | {"CPU": 9.0}, cluster.Needs(1, 1, 3.0))[0]
     assert needs.bundles()[0] == {"CPU": 1.0, "GPU": 0.5, "accelerator_type:H100": 0.001}
+    # Ray's tutorial's 90B vision model: tp=8 x pp=2, each stage's 8 GPUs on a node of its own.
+    big = cluster.Needs(1, 2, 1.0, "H100", 16, stages=2)
+    assert cluster.problems(seen(("H100", 8), ("H100", 8)), big) == []
+    assert "which holds 0" in cluster.problems(seen(("H100", 8)), big)[0]
     tp = cluster.Needs(1, 1, 1.0, "H100", 4).bundles()
     assert tp[:4] == [{"CPU": 1.0, "GPU": 1.0, "accelerator_type:H100": 0.001}] + [
         {"GPU": 1.0, "accelerator_type:H100": 0.001}] * 3  # one bundle per GPU worker, as Ray Data LLM places tp

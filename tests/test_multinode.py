@@ -125,10 +125,11 @@ for folder in sys.argv[1:]:  # a model folder on this machine only, then one eve
 @pytest.mark.slow
 def test_a_folder_one_node_does_not_see_stops_the_run_before_rows_are_lost(two_nodes, tmp_path):
     """The check itself on both kinds of folder, then a run, joined to the cluster as a user's run is
-    (RAY_ADDRESS), with an OUTPUT_DIR the worker node cannot see: the notebook's own calls (start_ray,
-    prepare_output, pipeline.run) in a driver of their own, as the notebook makes them, stop before the
-    processor, saying so. (The whole notebook runs on a cluster of several nodes in
-    tests/test_autoscaler.py, and here in the extended set.)"""
+    (RAY_ADDRESS), with an OUTPUT_DIR the worker node cannot see: the notebook's own calls
+    (``run_folder.open_folder``, ``cluster.start``, ``folder.start``) in a driver of their own stop
+    before the processor, saying so; and a model folder only the head sees stops ``cluster.start``.
+    (The whole notebook runs on a cluster of several nodes in tests/test_autoscaler.py, and here in
+    the extended set.)"""
     gcs, env, node_disk = two_nodes
     private = node_disk / "results"  # the driver's disk here; the worker's own tmpfs there
     private.mkdir()

@@ -195,6 +195,21 @@ def test_the_runner_keeps_the_kernel_off_the_network_and_the_log_quiet(tmp_path,
     assert "without encryption" not in capfd.readouterr().err
 
 
+def tiny_runner(tmp_path, monkeypatch, parameters: str, before: str = ""):
+    """The job runner with a notebook ``tiny`` of its own: ``parameters``, then ``before``, then a run started
+    in OUTPUT_DIR that prints whether it resumed (its settings: the parameter ``X``)."""
+    runner = load_script("run_notebooks")
+    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", parameters,
+                                  before + "from helpers import pipeline, run_folder\nfrom helpers.presets import PRESETS\n"
+                                  "fns = pipeline.checked(lambda r: {'messages': [], 'x': X}, lambda r: {'y': ''}, {'x': 1})\n"
+                                  "run = run_folder.open_folder(OUTPUT_DIR).start(PRESETS['text-cpu-offline'], fns, "
+                                  "id_column='id', settings={'x': X})\n"
+                                  "print('run', X, 'resuming' if run.resuming else 'fresh')\nrun.lock.release()")
+    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
+    monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_bytes(executed.read_bytes()))
+    return runner
+
+
 def test_no_run_overwrites_an_earlier_runs_report(tmp_path, monkeypatch):
     """The runner wrote ``<name>.ipynb`` and ``.html`` straight into OUTPUT_DIR: every re-run, job retry,
     and a re-run that stopped with InterruptedRunError ("Nothing was changed there") replaced the last
@@ -202,15 +217,7 @@ def test_no_run_overwrites_an_earlier_runs_report(tmp_path, monkeypatch):
     before it starts writes its report beside the earlier one."""
     import papermill
 
-    runner = load_script("run_notebooks")
-    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None\nX = 1",
-                                  "from helpers import pipeline, run_folder\nfrom helpers.presets import PRESETS\n"
-                                  "fns = pipeline.checked(lambda r: {'messages': [], 'x': X}, lambda r: {'y': ''}, {'x': 1})\n"
-                                  "run = run_folder.open_folder(OUTPUT_DIR).start(PRESETS['text-cpu-offline'], fns, "
-                                  "id_column='id', settings={'x': X})\n"
-                                  "print('run', X, 'resuming' if run.resuming else 'fresh')\nrun.lock.release()")
-    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
-    monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_bytes(executed.read_bytes()))
+    runner = tiny_runner(tmp_path, monkeypatch, "OUTPUT_DIR = None\nX = 1")
     out = tmp_path / "results" / "tiny"
 
     def reports(folder):
@@ -242,15 +249,7 @@ def test_a_notebook_that_stops_before_its_run_leaves_a_folder_the_next_run_takes
     report in a new OUTPUT_DIR, and the next job was refused it: "not written by this kit"."""
     import papermill
 
-    runner = load_script("run_notebooks")
-    tiny = parameterised_notebook(tmp_path / "tiny.ipynb", "OUTPUT_DIR = None\nSTOP = True",
-                                  "assert not STOP, 'stopped at the checks'\n"
-                                  "from helpers import pipeline, run_folder\nfrom helpers.presets import PRESETS\n"
-                                  "fns = pipeline.checked(lambda r: {'messages': []}, lambda r: {'y': ''}, {'x': 1})\n"
-                                  "run_folder.open_folder(OUTPUT_DIR).start(PRESETS['text-cpu-offline'], fns, "
-                                  "id_column='id', settings={}).lock.release()")
-    monkeypatch.setitem(runner.NOTEBOOKS, "tiny", tiny)
-    monkeypatch.setattr(runner, "render_report", lambda executed, html: html.write_bytes(executed.read_bytes()))
+    runner = tiny_runner(tmp_path, monkeypatch, "OUTPUT_DIR = None\nX = 1\nSTOP = True", "assert not STOP, 'stopped at the checks'\n")
     with pytest.raises(papermill.PapermillExecutionError):
         runner.run("tiny", tmp_path / "results", {}, cwd=tmp_path)
     assert (tmp_path / "results" / "tiny" / "tiny.html").is_file()
