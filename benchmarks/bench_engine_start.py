@@ -8,11 +8,14 @@ fresh Python process, in the order given, and prints per run: the import, the en
 init), and prompts/s over the same prompts (about 60 tokens each, 8 answer tokens: the shape of the
 text notebook's requests), after a warm-up batch.
 
-    python benchmarks/bench_engine_start.py MODEL_FOLDER default kit-sizes default no-compile
+    python benchmarks/bench_engine_start.py MODEL_FOLDER default kit-sizes default no-compile kit
 
-The first run of a setting on a machine compiles cold; repeat it to read the warm start. Settings:
-``default`` (vLLM's own), ``kit-sizes`` (the kit's CUDA graph sizes, ``presets.CAPTURE_SIZES``),
-``no-compile`` (no torch.compile; CUDA graphs for decode-only steps).
+MODEL_FOLDER: a shape with random weights (``python benchmarks/random_weights.py MODEL`` prints one; the
+engine makes the weights up, ``load_format="dummy"``). The first run of a setting on a machine compiles
+cold; repeat it to read the warm start. Settings: ``default`` (vLLM's own), ``kit-sizes`` (the kit's CUDA
+graph sizes, ``presets.CAPTURE_SIZES``, compiled: what ``ENGINE={"torch_compile": True}`` runs),
+``no-compile`` (``presets.NO_COMPILE``: no torch.compile, CUDA graphs for decode-only steps, vLLM's
+sizes), ``kit`` (both: the kit's GPU engines by default).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers.presets import CAPTURE_SIZES  # noqa: E402
+from helpers.presets import CAPTURE_SIZES, NO_COMPILE, PRESETS  # noqa: E402
 
 SETTINGS = {
     "default": None,
     "kit-sizes": {"cudagraph_capture_sizes": list(CAPTURE_SIZES)},
-    "no-compile": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"},
+    "no-compile": dict(NO_COMPILE),
+    # What the kit's engine arguments give a GPU engine of 512 sequences (the child's), as the kit makes them.
+    "kit": PRESETS["text-llama8b-h100"].override(max_num_seqs=512).engine_args["compilation_config"],
 }
 
 #: vLLM's own lines for the parts of its start (the same in 0.26 and 0.29), and what each is called here.
@@ -86,12 +91,12 @@ def run(model: str, name: str, prompts: int) -> dict:
     return found
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", help="a model folder (a random-weights shape: load_format dummy)")
     parser.add_argument("settings", nargs="+", choices=sorted(SETTINGS))
     parser.add_argument("--prompts", type=int, default=20_000)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for name in args.settings:
         print("ENGINE " + json.dumps(run(args.model, name, args.prompts)), flush=True)
 

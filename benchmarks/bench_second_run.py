@@ -4,12 +4,12 @@ again. For each run: the cells before the pipeline, the first result file's time
 first cell and from the start of its pipeline cell (the engines' start, with Ray's), and the whole run.
 
     python benchmarks/bench_second_run.py --input companies.csv --workdir /root/bench/second \\
-        -p MODEL_SOURCE '"random-weights:unsloth/Llama-3.1-8B-Instruct"'
+        -p MODEL_SOURCE "'$(python benchmarks/random_weights.py unsloth/Llama-3.1-8B-Instruct)'"
 
-Each ``-p NAME VALUE`` sets a parameter (VALUE is Python, as in the parameters cell), after the
-benchmark's own (greedy answers, no resume, "auto" on a GPU: ``bench_pipeline.run_settings``). The
-kernel runs in ``notebooks/`` through nbclient, as Jupyter runs it (not papermill); it writes each
-run's results under ``--workdir``.
+Each ``-p NAME VALUE`` sets a parameter (VALUE is Python, as in the parameters cell), over the
+benchmark's own (greedy answers, no resume, "auto" on a GPU, a random-weights folder loaded with
+``load_format="dummy"``: ``bench_pipeline.run_settings``). The kernel runs in ``notebooks/`` through
+nbclient, as Jupyter runs it (not papermill); it writes each run's results under ``--workdir``.
 """
 
 from __future__ import annotations
@@ -60,10 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     args = parser.parse_args(argv)
-    settings = {name: repr(value) for name, value in b.run_settings("text", {}).items()}
-    for name, value in args.p:
-        ast.literal_eval(value)  # a literal, as the parameters cell takes
-        settings[name] = value
+    given = {name: ast.literal_eval(value) for name, value in args.p}  # literals, as the parameters cell takes
+    settings = {name: repr(value) for name, value in b.run_settings("text", given).items()}
     settings["INPUT_PATH"] = repr(str(Path(args.input).resolve()))
     nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
     client = NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(REPO / "notebooks")}},

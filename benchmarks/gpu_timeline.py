@@ -10,6 +10,8 @@ and runs this afterwards::
 
     python3 benchmarks/gpu_timeline.py SAMPLES.csv [--logs FOLDER] [--results FOLDER ...]
 
+(``--results``: a folder holding kit runs' ``OUTPUT_DIR``; their result files are under ``parts/``.)
+
 Prints one line per 10 s with each GPU's mean % busy and the most memory it held, then each GPU's
 busy share over the span of the result files (the steady state), the engines' events (weights
 loaded, KV cache sized, CUDA graphs captured, engine ready) and the first and last result file, each
@@ -34,6 +36,7 @@ EVENTS = re.compile(r"(Loading weights took|Model loading took|Available KV cach
                     r"Free memory on device|CUDA out of memory|torch.compile takes|Compiling a graph)")
 VLLM_TIME = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG)\s+(\d\d-\d\d \d\d:\d\d:\d\d)")
 PID = re.compile(r"\((\w+) pid=(\d+)")
+RESULTS = "parts"  # the folder of OUTPUT_DIR where Ray writes the kit's result files (helpers.run_folder.PARTS)
 
 
 Sample = tuple[float, int, float, float]  # (unix time, GPU index, % busy, MiB used)
@@ -122,7 +125,7 @@ def result_span(folders: list[Path], since: float = -math.inf) -> tuple[float, f
     """From the first to the last result file in ``folders`` written after ``since`` (unix times;
     earlier runs' files, kept in the same folders, are left out); None without any."""
     times = [t for folder in folders for p in folder.rglob("*.parquet")
-             if "results" in p.parts and (t := p.stat().st_mtime) >= since]
+             if RESULTS in p.relative_to(folder).parts and (t := p.stat().st_mtime) >= since]
     return (min(times), max(times)) if times else None
 
 
@@ -130,7 +133,7 @@ def result_files(folders: list[Path], start: float) -> list[str]:
     lines = []
     for folder in folders:
         times = sorted(t for p in folder.rglob("*.parquet")
-                       if "results" in p.parts and (t := p.stat().st_mtime) >= start - 5)  # this step's
+                       if RESULTS in p.relative_to(folder).parts and (t := p.stat().st_mtime) >= start - 5)  # this step's
         if times:
             lines.append(f"{folder.name}: {len(times)} result files, first at {times[0] - start:.0f}s, "
                          f"last at {times[-1] - start:.0f}s")

@@ -4,25 +4,28 @@
 # $OUT/<step>.log, with a GPU timeline (nvidia-smi once a second, summarised per 10 s by
 # benchmarks/gpu_timeline.py, beside the engines' own log lines) at its end.
 #
-#   bash benchmarks/on_gpu.sh prep          # offline models and the two full-size shapes (random weights)
+# The full-size models are their published shapes with random weights (benchmarks/random_weights.py,
+# a folder each): MODEL_SOURCE=<folder>, loaded with ENGINE={"engine_kwargs": {"load_format": "dummy"}},
+# which bench_pipeline.run_settings adds. Engine settings are keys of the notebooks' ENGINE parameter.
+#
+#   bash benchmarks/on_gpu.sh prep          # the offline text model and the full-size shapes (random weights);
+#                                           # prep8b, prep49 and prep70b: the same
 #   bash benchmarks/on_gpu.sh text8b-raw    # warm-up of both sides, then raw vLLM: 100,000 prompts, 8B shape
 #   bash benchmarks/on_gpu.sh text8b-kit    # the kit against that raw side: auto (2 replicas, fixed pool)
-#   bash benchmarks/on_gpu.sh text8b-kit3   # the same with 3 replicas on the GPU (REPLICAS_PER_GPU=3)
-#   bash benchmarks/on_gpu.sh text8b-kit1   # the same with 1 replica (REPLICAS_PER_GPU=1)
-#   bash benchmarks/on_gpu.sh text8b-kit-s1 # the same as text8b-kit with each light stage holding 1 CPU
-#   bash benchmarks/on_gpu.sh text8b-stage-cpus  # the kit alone at 100,000 prompts: CPU_STAGE_CPUS 0.1, 1, 0.1
+#   bash benchmarks/on_gpu.sh text8b-kit3   # the same with 3 replicas on the GPU (ENGINE replicas_per_gpu 3)
+#   bash benchmarks/on_gpu.sh text8b-kit1   # the same with 1 replica (replicas_per_gpu 1)
+#   bash benchmarks/on_gpu.sh text8b-kit-s1 # the same as text8b-kit with each light stage holding 1 CPU (stage_cpus 1)
+#   bash benchmarks/on_gpu.sh text8b-stage-cpus  # the kit alone at 100,000 prompts: the default stage CPUs, 1, the default
 #                                           # (STAGE_RUNS="warm default one default2 one2": names starting
 #                                           # "one" hold 1 CPU, "warm" is LIMIT 2000, the rest the default)
 #   bash benchmarks/on_gpu.sh profile8b     # the text notebook's cells before the pipeline, timed and
 #                                           # profiled (benchmarks/profile_cells.py), 100,000 prompts, 8B shape
 #   bash benchmarks/on_gpu.sh vl3b-raw      # warm-up, then raw vLLM: 10,000 images, Qwen2.5-VL-3B shape
 #   bash benchmarks/on_gpu.sh vl3b-kit      # the kit against that raw side: auto (1 replica)
-#   bash benchmarks/on_gpu.sh vl3b-raw2     # warm-up (the kit with 2 replicas), then raw vLLM: 10,000 images
-#   bash benchmarks/on_gpu.sh vl3b-kit2     # the kit with 2 replicas on the GPU against that raw side
-#   bash benchmarks/on_gpu.sh vl3b-short    # 500 images on 2 engines: the kit, a control with Ray's rule, the kit
-#                                           # (SHORT_IMAGES=N: N images instead)
+#   bash benchmarks/on_gpu.sh vl3b-kit2     # the kit with 2 replicas on the GPU against the same raw side
+#   bash benchmarks/on_gpu.sh vl3b-short    # 500 images on 2 engines: the kit, a control with max_concurrent_batches 72
+#                                           # (Ray's rule: a ready replica takes up to 144), the kit (SHORT_IMAGES=N: N images)
 #   bash benchmarks/on_gpu.sh smol          # SmolLM2, 100,000 prompts, warm-up first, both sides
-#   bash benchmarks/on_gpu.sh prep8b        # the offline text model and the 8B shape only
 #   bash benchmarks/on_gpu.sh text8b-1m-kit # the kit's notebook on 1,000,000 prompts (auto), its cells' times
 #                                           # (text8b-1m-kit.cells.json) and its Ray logs' engine lines
 #                                           # (text8b-1m-kit.ray.txt, text8b-1m-kit.raylogs.tgz)
@@ -30,76 +33,55 @@
 #                                           # row by row with the kit's answers to them
 # Several GPUs of one host: the kit alone, `PRESET="auto"`, each run on the GPUs it names through
 # CUDA_VISIBLE_DEVICES (the rest of the machine's GPUs idle, and shown so in the per-GPU timeline):
-#   bash benchmarks/on_gpu.sh prep70b       # the offline text model, the 8B and the Llama-3.1-70B shapes
 #   bash benchmarks/on_gpu.sh text8b-warm   # 2,000 prompts on GPU 0 (compiles the 8B engine once; not a measurement)
 #   bash benchmarks/on_gpu.sh text8b-gpus1  # 100,000 prompts (ROWS), 8B shape, on GPU 0
 #   bash benchmarks/on_gpu.sh text8b-gpus2  # the same on GPUs 0,1
 #   bash benchmarks/on_gpu.sh text8b-gpus4  # the same on GPUs 0,1,2,3 (text8b-gpusN: the first N GPUs)
 #   bash benchmarks/on_gpu.sh text70b-auto  # 10,000 prompts (ROWS), 70B shape, GPUs 0-3, "auto" (4 x H100: tp=4 x 1;
 #                                           # 4 x H200: tp=2 x 2)
-#   bash benchmarks/on_gpu.sh text70b-tp4   # the same with the preset text-llama70b-h100-tp4, CONCURRENCY 1 (tp=4 x 1),
-#                                           # MAX_MODEL_LEN 256, ACCELERATOR_TYPE the machine's (H100 or H200)
+#   bash benchmarks/on_gpu.sh text70b-tp4   # the same with the preset text-llama70b-h100-tp4, ENGINE concurrency 1
+#                                           # (tp=4 x 1), max_model_len 256, accelerator_type the machine's (H100 or H200)
 #   bash benchmarks/on_gpu.sh text70b-fp8-tp2  # 10,000 prompts (ROWS), 70B shape, the preset text-llama70b-a100-fp8
-#                                           # on GPUs 0,1 (ACCELERATOR_TYPE the machine's, CONCURRENCY 1: tp=2 x 1, fp8)
-#   bash benchmarks/on_gpu.sh prep49        # the 8B and the Qwen2.5-VL-3B shapes (random weights)
+#                                           # on GPUs 0,1 (accelerator_type the machine's, concurrency 1: tp=2 x 1, fp8)
 #   bash benchmarks/on_gpu.sh text8b-cold   # the first 8B engine on the machine: 20,000 prompts (ROWS) on GPU 0
 #   bash benchmarks/on_gpu.sh engine-start  # one vllm.LLM engine per setting (ENGINE_SETTINGS; bench_engine_start.py)
 #   bash benchmarks/on_gpu.sh text8b-conf   # text8b-gpus1 with CONFIDENCE on
 #   bash benchmarks/on_gpu.sh vl3b-gpus2    # captions: 10,000 small images (IMAGES), 3B VL shape, GPUs 0,1, auto
 #   bash benchmarks/on_gpu.sh twonode8b     # two Ray nodes on this host (GPU 0 the head's, GPU 1 the worker's, in
-#                                           # a mount namespace of its own), the text notebook joining them
-#   bash benchmarks/on_gpu.sh text8b-compiled  # text8b-gpus1 with TORCH_COMPILE=True (vLLM's torch.compile)
+#                                           # a mount namespace of its own), the text notebook joining them (RAY_ADDRESS)
+#   bash benchmarks/on_gpu.sh text8b-compiled  # text8b-gpus1 with ENGINE torch_compile True (vLLM's torch.compile)
 #   bash benchmarks/on_gpu.sh importtime    # `import vllm` and vLLM's engine-core module in fresh processes, twice:
 #                                           # wall time and the slowest modules (python -X importtime)
-#   bash benchmarks/on_gpu.sh gpu-detect    # the GPUs as the kit reads them from CUDA's driver (helpers.local_gpus)
+#   bash benchmarks/on_gpu.sh gpu-detect    # the GPUs as the kit reads them from CUDA's driver (cluster.local_gpus)
 #                                           # beside torch's numbers; then with no GPU visible
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run all twice in one live kernel, the prompt changed
 #                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
-#   OLD_KIT=DIR bash benchmarks/on_gpu.sh cells-ab  # the text notebook's cells before its pipeline, timed
-#                                           # (profile_cells.py --time-only), the kit checked out in DIR and this
-#                                           # one alternately, 3 rounds, each in a fresh process, 100,000 prompts
-#                                           # (copies this profile_cells.py into DIR: older ones lack --time-only)
 # Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
 # in seconds from the notebook's first cell.
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
 # over the results' span (never averaged over GPUs), vLLM's KV cache per engine beside the kit's
-# estimate, and the settings table as the notebook's plan made it (what auto chose, and why).
-# No notebook parameter sets tensor_parallel_size: tp comes from "auto" or a named preset.
-# 2026-11-25 ran these, back to back on one machine, with no warm-up (the 30 minutes of GPU time,
-# the machine's start and the stack's staging included, held the kit's 1,000,000 prompts and raw
-# vLLM's first 100,000 of them, not raw vLLM on all 1,000,000):
-#   setsid bash -c 'for s in prep8b text8b-1m-kit text8b-1m-raw; do RAW_ROWS=100000 OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# 2026-11-26 ran vl3b-short detached on a fresh machine after the stack's install, then again with
-# SHORT_IMAGES=2000 (OUT=/root/res2), each polled by later calls.
-# Before 2026-11-24 (second round) text8b-3 ran 3 replicas at 50,000 prompts, both sides.
-# 2026-11-27 (a machine of 4 H200s) ran, detached after the stack's install, polled by later calls, with
-# NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0 set:
-#   setsid bash -c 'for s in prep70b text8b-warm text8b-gpus1 text8b-gpus2 text8b-gpus4 text70b-tp4 text70b-auto \
-#     text70b-fp8-tp2; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# 2026-11-27 (later, a machine of 2 H200s) ran, detached after the stack's install, polled by later calls:
-#   setsid bash -c 'for s in prep49 text8b-cold text8b-gpus1 text8b-compiled importtime twonode8b vl3b-gpus2 \
-#     text8b-gpus2; do IMAGES=30000 OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# then text8b-compiled and text8b-gpus1 again (OUT=/root/res2) on the same machine.
-# 2026-11-27 (fourth session, a machine of 1 H100) ran, detached after the stack's install, polled by later calls:
-#   setsid bash -c 'for s in prep8b gpu-detect text8b-cold text8b-gpus1 text8b-second profile8b text8b-raw; do
-#     [ $s = text8b-cold ] && export ROWS=100000 || unset ROWS; OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# then, on a fresh H100 machine, OLD_KIT=<a checkout of cdedab6> cells-ab after prep8b.
+# estimate, and the settings table as the notebook's configuration makes it (what auto chose, and why).
 #
-# Steps longer than a command's 10 minutes ran back to back, detached, on one warm machine, and later
-# calls copied /root/out/* into $OUT:
-#   setsid bash -c 'for s in text8b-raw text8b-kit text8b-kit3; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-#   setsid bash -c 'for s in vl3b-raw2 vl3b-kit2 vl3b-kit; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
-# (not /root/out: that was $OUT there, emptied at the start of every command.) On
-# 2026-11-24 a second text8b-kit run was cut by `timeout 280` just before its end (not recorded).
-# vl3b-raw with vl3b-kit2 cannot share a raw side before bench_pipeline's fix of that day: use vl3b-raw2.
+# Steps longer than a command's 10 minutes run back to back, detached, on one warm machine, polled by
+# later calls that copy the results into $OUT, e.g. (RESULTS.md names the steps of each recorded session):
+#   setsid bash -c 'for s in prep text8b-raw text8b-kit text8b-kit3; do OUT=/root/res bash benchmarks/on_gpu.sh $s; done' &
+# (not /root/out: that was $OUT there, emptied at the start of every command.) Several GPUs of one host
+# ran with NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0.
 set -euo pipefail
 step="$1"
 out="${OUT:-/tmp}"
 work=/root/bench
-llama="random-weights:unsloth/Llama-3.1-8B-Instruct"
-qwen="random-weights:Qwen/Qwen2.5-VL-3B-Instruct"
 export VLLM_LOGGING_LEVEL=INFO
+# A model's folder with random weights (built once, a few seconds; benchmarks/random_weights.py).
+shape() { python3 benchmarks/random_weights.py "$1"; }
+case "$step" in  # the folders the step loads, built before its timeline starts
+  prep*|importtime|gpu-detect|smol) ;;
+  vl3b*) qwen=$(shape Qwen/Qwen2.5-VL-3B-Instruct) ;;
+  text70b*) llama70=$(shape meta-llama/Llama-3.1-70B-Instruct) ;;
+  *) llama=$(shape unsloth/Llama-3.1-8B-Instruct) ;;
+esac
+dummy="'engine_kwargs': {'load_format': 'dummy'}"  # for the commands that take ENGINE as it is (no run_settings)
 bench() { python3 benchmarks/bench_pipeline.py "$@"; }
 # FOLDER/companies.csv, N distinct companies (bench_pipeline.text_input), made once; prints its path.
 #   companies N FOLDER
@@ -107,16 +89,17 @@ companies() { python3 -c "
 import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path; import bench_pipeline as b
 csv = Path('$2') / 'companies.csv'
 print(csv if csv.exists() else b.text_input($1, csv.parent))"; }
-llama70="random-weights:meta-llama/Llama-3.1-70B-Instruct"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE 'H100|H200' || echo H100)  # named presets' type here
 # The kit's text notebook alone on ROWS prompts (one input per row count, made once under $work), timed
-# through bench_pipeline's own functions; then the plan the notebook made for the same parameters.
-#   kit_alone FOLDER MODEL ROWS '{"NAME": value, ...}'   (notebook parameters beyond the benchmark's)
+# through bench_pipeline's own functions; then the configuration the notebook made for the same parameters.
+#   kit_alone FOLDER MODEL ROWS '{"NAME": value, ...}'   (notebook parameters beyond the benchmark's, JSON)
 kit_alone() { python3 - "$@" <<'PY'
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
+from helpers import config
+from helpers.presets import GIB
 work, model, rows, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
 settings = b.run_settings("text", {"MODEL_SOURCE": model, **extra})
@@ -136,75 +119,55 @@ for line in b.gpu_lines(seen["gpu"]):
     print(f"per GPU over the results' span, {line}")
 print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in seen["cells"]))
 print(f"start marks (s from the first cell): {seen['marks']}")
-# What the notebook's plan chose, for the same parameters on the same GPUs (the notebook's settings table).
-from helpers import classify, fitting, gpus, shapes
-params = {**b.run_notebooks.defaults("text_classification"), **settings, "INPUT_PATH": str(csv),
-          "OUTPUT_DIR": str(work / "plan-only")}
-plan = classify.plan(params)
-c = plan.config
-print(plan.describe())
-print(f"engine kwargs: {c.engine_kwargs()}; Ray pool {c.actor_pool}")
-for row in fitting.describe(c, plan.parameters):
-    print(f"  setting {row['parameter']} = {row['value']} ({row['from']}): {row['why']}")
-# vLLM's KV cache per engine beside the kit's estimate; each GPU's memory beside the kit's budget.
-shape = shapes.model_shape(plan.model_path)
-from helpers import cluster
-memory = cluster.visible_cluster().get("gpu_memory_gib")
-if memory is None or shape is None:  # e.g. a cluster of several nodes: the run itself is judged above
-    print(f"KV cache per engine: not compared (GPU memory {memory}, model shape {shape})")
-    sys.exit(0)
-tp = c.tensor_parallel_size
-estimate = gpus.kv_cache_estimate(shape, memory, c.memory_share, tp, c.quantization)  # weights as the preset stores them
-tokens = estimate / shape.kv_bytes_per_token * tp
-reported = seen["kv_cache_tokens"]
-print(f"KV cache per engine: vLLM reports {reported}; the kit estimates {tokens:,.0f} tokens "
-      f"({estimate / shapes.GIB:.1f} GiB per GPU)" + (f", {min(reported) / tokens:.2f}x to {max(reported) / tokens:.2f}x "
-                                                      "of it reported" if reported else ""))
-weights = shape.parameters * shapes.BYTES_PER_WEIGHT[c.quantization] / tp
-print(f"memory per GPU, the kit's plan: {c.replicas_per_gpu} engine(s) x gpu_memory_utilization {c.memory_share} of "
-      f"{memory:.1f} GiB = {c.replicas_per_gpu * c.memory_share * memory:.1f} GiB, of which weights "
-      f"{c.replicas_per_gpu * weights / shapes.GIB:.1f} GiB ({shape.parameters / 1e9:.2f}e9 weights / tp {tp}) "
-      f"and KV cache ~{c.replicas_per_gpu * estimate / shapes.GIB:.1f} GiB; measured: see the per-GPU lines above")
+# The configuration the notebook made (its settings table), fitted again for the same parameters and GPUs.
+plan = b.text_setup(csv, settings).plan
+print(config.table(plan).to_string())
+print(f"engine arguments: {plan.engine_args}; Ray pool {plan.actor_pool}")
+print(f"KV cache per engine, {b.kv_line('kit', seen['kv_cache_tokens'], plan)}")
+if plan.kv_bytes is not None:  # each GPU's memory beside the kit's budget
+    weights = plan.shape.weight_bytes(plan.quantization) / plan.world
+    print(f"memory per GPU, the kit's plan: {plan.replicas_per_gpu} engine(s) x gpu_memory_utilization {plan.memory_share} "
+          f"of {plan.gpu_memory:.1f} GiB, of which weights {plan.replicas_per_gpu * weights / GIB:.1f} GiB and KV cache "
+          f"~{plan.replicas_per_gpu * plan.kv_bytes / GIB:.1f} GiB; measured: see the per-GPU lines above")
 PY
 }
 # The kit's captioning notebook alone on IMAGES small images (made once under $work), through
-# bench_pipeline's own functions: timings, per-GPU use, batches per engine process, the plan's settings.
+# bench_pipeline's own functions: timings, per-GPU use, batches per engine process, the configuration.
 #   caption_alone FOLDER MODEL IMAGES '{"NAME": value, ...}'
 caption_alone() { python3 - "$@" <<'PY'
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
+from helpers import config
 work, model, count, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
 images = b.image_input(count, work.parent / f"images-{count}", "small")
-params = {**b.run_settings("vision", {"MODEL_SOURCE": model, **extra}), "INPUT_PATH": str(images), "INPUT_FORMAT": "images"}
+settings = b.run_settings("vision", {"MODEL_SOURCE": model, **extra})
+params = {**settings, "INPUT_PATH": str(images), "INPUT_FORMAT": "images"}
 print(f"kit alone, {count:,} images of {images}, CUDA_VISIBLE_DEVICES={devices}, parameters {params}", flush=True)
 timing, folder, seen = b.kit_timing("vlm_captioning", params, work)
 summary = json.loads((folder / "summary.json").read_text())
-batches = b.batches_per_engine()
 print(f"RESULT {devices}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, steady state "
       f"{timing.generate_s:.1f} s ({summary.get('rows/s steady state')} images/s; {summary.get('steady state')})")
 print("summary: " + json.dumps(summary, default=str)[:2500])
-print(f"batch lines per engine process: {dict(batches)}")
+print(f"batch lines per engine process: {b.batches_per_engine()}")
 for line in b.gpu_lines(seen["gpu"]):
     print(f"per GPU over the results' span, {line}")
 print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in seen["cells"]))
 print(f"start marks (s from the first cell): {seen['marks']}")
-from helpers import caption, fitting
-plan = caption.plan({**b.run_notebooks.defaults("vlm_captioning"), **params, "OUTPUT_DIR": str(work / "plan-only")})
-print(plan.describe())
-print(f"engine kwargs: {plan.config.engine_kwargs()}; Ray pool {plan.config.actor_pool}")
-for row in fitting.describe(plan.config, plan.parameters):
-    print(f"  setting {row['parameter']} = {row['value']} ({row['from']}): {row['why']}")
+plan = b.caption_setup(images, settings).plan
+print(config.table(plan).to_string())
+print(f"engine arguments: {plan.engine_args}; Ray pool {plan.actor_pool}")
 PY
 }
 # Which node each of the run's actors ran on (Ray's state API; the cluster still up), and each node's GPUs.
 engines_per_node() { python3 - "$1" <<'PY'
 import collections, sys
 import ray
-from helpers import cluster
-cluster.enable_token_auth_if_available()  # `ray start` turned token authentication on
+# `ray start` turned token authentication on; Ray 2.60 internal: the rule Ray applies to a cluster it starts.
+from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 ray.init(address=sys.argv[1], log_to_driver=False)
 nodes = {n["NodeID"]: f"{n['NodeManagerAddress']}:{n['NodeManagerPort']} GPUs {n['Resources'].get('GPU', 0):.0f}"
          for n in ray.nodes() if n["Alive"]}
@@ -225,31 +188,31 @@ smi="$out/$step.smi.csv"
 # One line per GPU and second (index first): gpu_timeline.py reads each GPU on its own, never averaged.
 nvidia-smi --query-gpu=index,timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$smi" &
 sampler=$!
-results=""
 set -o pipefail
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
   echo "cores: $(nproc); CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}"
   date -u
   case "$step" in
-    prep) python3 -c "
-from helpers import models
-for folder in (models.prepare_smollm2(), models.prepare_tiny_vlm(),
-               models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'),
-               models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct')):
-    print(folder)" ;;
+    prep|prep8b|prep49|prep70b) python3 -c "from helpers import models; print(models.prepare_smollm2())"
+      shape unsloth/Llama-3.1-8B-Instruct; shape meta-llama/Llama-3.1-70B-Instruct; shape Qwen/Qwen2.5-VL-3B-Instruct ;;
     text8b-raw) bench --task text --rows 100000 --workdir $work/8b --side raw --warmup 1000 -p MODEL_SOURCE "$llama" ;;
     text8b-kit) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" ;;
-    text8b-kit3) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 3 ;;
-    text8b-kit-s1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p CPU_STAGE_CPUS 1 ;;
-    # The kit alone, 100,000 prompts: a 2,000-prompt warm-up, then CPU_STAGE_CPUS 0.1 (default), 1, 0.1 again
+    text8b-kit3) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" \
+      -p ENGINE "{'replicas_per_gpu': 3}" ;;
+    text8b-kit1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" \
+      -p ENGINE "{'replicas_per_gpu': 1}" ;;
+    text8b-kit-s1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" \
+      -p ENGINE "{'stage_cpus': 1}" ;;
+    # The kit alone, 100,000 prompts: a 2,000-prompt warm-up, then the default stage CPUs, 1, the default again
     # (or the runs STAGE_RUNS names); each run's cell times and summary in $out/$step.cells.txt.
     text8b-stage-cpus) companies 100000 $work/stage
       for name in ${STAGE_RUNS:-warm default one default2}; do
-        case "$name" in warm) extra=(-p LIMIT 2000) ;; one*) extra=(-p CPU_STAGE_CPUS 1) ;; *) extra=() ;; esac
+        case "$name" in warm) extra=(-p LIMIT 2000) ;; *) extra=() ;; esac
+        cpus=""; [[ "$name" == one* ]] && cpus=", 'stage_cpus': 1"
         echo "$name start $(date -u +%T)"
         python3 scripts/run_notebooks.py --only text_classification --out "$work/stage/$name" -p MODEL_SOURCE "$llama" \
-          -p INPUT_PATH "$work/stage/companies.csv" -p RESUME False "${extra[@]}"
+          -p INPUT_PATH "$work/stage/companies.csv" -p RESUME False -p ENGINE "{$dummy$cpus}" "${extra[@]}"
         echo "$name end $(date -u +%T)"
         python3 - "$work/stage/$name/text_classification" "$name" >> "$out/$step.cells.txt" <<'PY'
 import json, sys
@@ -264,43 +227,39 @@ print("  summary:", json.dumps(json.load(open(f"{folder}/summary.json")), defaul
 PY
       done ;;
     profile8b) companies 100000 $work/profile
-      python3 benchmarks/profile_cells.py text_classification --top 25 -p MODEL_SOURCE "'$llama'" \
+      python3 benchmarks/profile_cells.py text_classification --top 25 -p MODEL_SOURCE "'$llama'" -p ENGINE "{$dummy}" \
         -p INPUT_PATH "'$work/profile/companies.csv'" -p OUTPUT_DIR "'$work/profile/out'" ;;
-    text8b-kit1) bench --task text --rows 100000 --workdir $work/8b --side kit -p MODEL_SOURCE "$llama" -p REPLICAS_PER_GPU 1 ;;
     vl3b-raw) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 500 -p MODEL_SOURCE "$qwen" ;;
-    vl3b-raw2) bench --task caption --images 10000 --photos small --workdir $work/vl --side raw --warmup 200 -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
     vl3b-kit) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" ;;
-    vl3b-kit2) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" -p REPLICAS_PER_GPU 2 ;;
+    vl3b-kit2) bench --task caption --images 10000 --photos small --workdir $work/vl --side kit -p MODEL_SOURCE "$qwen" \
+      -p ENGINE "{'replicas_per_gpu': 2}" ;;
     # A short run on two engines: 500 images (32 batches of 16; SHORT_IMAGES), the kit's defaults (each replica holds
-    # at most its share, 16), then the control with MAX_CONCURRENT_BATCHES=72 given (Ray's rule: a
-    # ready replica takes up to 144), then the kit again; each run's batch lines per engine process
-    # (Ray Data LLM's "Elapsed time for batch" in the worker logs) and its settings table's rows.
+    # at most its share, 16), then the control with max_concurrent_batches 72 given (Ray's rule: a ready replica takes
+    # up to 144), then the kit again; each run's batch lines per engine process (Ray Data LLM's "Elapsed time for
+    # batch" in the worker logs) and the batches the configuration lets each replica hold.
     vl3b-short) python3 - "$work/short-${SHORT_IMAGES:-500}" "$qwen" "${SHORT_IMAGES:-500}" <<'PY'
-import json, re, sys
+import json, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
 work, qwen, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 images = b.image_input(count, work, "small")
-for name, extra in (("kit", {}), ("control", {"MAX_CONCURRENT_BATCHES": 72}), ("kit-again", {})):
-    params = {**b.run_settings("vision", {"MODEL_SOURCE": qwen, "REPLICAS_PER_GPU": 2, **extra}),
-              "INPUT_PATH": str(images), "INPUT_FORMAT": "images"}
-    timing, folder, seen = b.kit_timing("vlm_captioning", params, work / name)
-    batches = b.batches_per_engine()
-    executed = (folder / "vlm_captioning.ipynb").read_text()
-    table = sorted(set(re.findall(r"(max_tasks_in_flight_per_actor|MAX_CONCURRENT_BATCHES)[^\\]{0,160}", executed)))
+for name, extra in (("kit", {}), ("control", {"max_concurrent_batches": 72}), ("kit-again", {})):
+    settings = b.run_settings("vision", {"MODEL_SOURCE": qwen, "ENGINE": {"replicas_per_gpu": 2, **extra}})
+    timing, folder, seen = b.kit_timing("vlm_captioning", {**settings, "INPUT_PATH": str(images), "INPUT_FORMAT": "images"},
+                                        work / name)
     summary = json.loads((folder / "summary.json").read_text())
     print(f"{name}: whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, captioned "
-          f"{summary.get('captioned')}, batch lines per engine process {dict(batches)}; over the results' span: "
+          f"{summary.get('captioned')}, batch lines per engine process {b.batches_per_engine()}; over the results' span: "
           + "; ".join(b.gpu_lines(seen["gpu"])), flush=True)
-    for row in table:
-        print(f"  settings: {row}", flush=True)
+    plan = b.caption_setup(images, settings).plan
+    why = dict(plan.reasons)
+    print(f"  settings: max_concurrent_batches {plan.max_concurrent_batches} ({why.get('max_concurrent_batches', 'given')}), "
+          f"max_tasks_in_flight_per_actor {plan.max_tasks_in_flight_per_actor} "
+          f"({why.get('max_tasks_in_flight_per_actor', 'Ray decides')})", flush=True)
 PY
     ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
-    prep8b) python3 -c "
-from helpers import models
-print(models.prepare_smollm2()); print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))" ;;
     # The kit alone, through bench_pipeline's own functions (its --side kit needs the raw side first).
     text8b-1m-kit) python3 - "$work/1m" "$llama" "$out/$step" <<'PY'
 import json, sys, time
@@ -377,22 +336,15 @@ import sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import pandas as pd
-from transformers import AutoTokenizer
 import bench_pipeline as b
-from helpers import classify
 work, llama, rows = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 settings = b.run_settings("text", {"MODEL_SOURCE": llama})
-params = {**b.run_notebooks.defaults("text_classification"), **settings}
-model, name = b.model_folder("text", params)
-max_tokens = classify.label_token_budget(AutoTokenizer.from_pretrained(model), params["LABELS"]).max_tokens
 csv = b.text_input(rows, work / "raw")
 whole_input = pd.read_csv(work / "text" / "companies.csv", nrows=rows)
 assert whole_input.equals(pd.read_csv(csv)), "the raw side's rows are not the first rows of the kit's input"
-single = b.run_config("text", {**params, "REPLICAS_PER_GPU": 1})  # as bench_text: one engine, whole GPU
-spec = {**{k: params[k] for k in ("LABELS", "TASK", "USER_TEMPLATE", "TEMPERATURE", "KV_CACHE_GIB")},
-        "input": str(csv), "model": str(model), "max_tokens": max_tokens, "engine_kwargs": single.engine_kwargs()}
-timing, raw = b.run_raw("text", spec, work / "raw")
-print(f"raw vLLM, {rows:,} prompts ({name}): whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, "
+setup = b.text_setup(csv, settings)  # as bench_text: one engine with the whole GPU
+timing, raw = b.run_raw("text", setup.spec, work / "raw")
+print(f"raw vLLM, {rows:,} prompts ({setup.name}): whole {timing.whole_s:.1f} s, pipeline {timing.pipeline_s:.1f} s, "
       f"steady state (chat) {timing.generate_s:.1f} s = {rows / timing.generate_s:,.0f} prompts/s; "
       f"engine start {raw['start_s']:.1f} s")
 print(f"raw tokens/s in steady state: {raw['output_tokens'] / timing.generate_s:,.0f} generated, "
@@ -400,49 +352,37 @@ print(f"raw tokens/s in steady state: {raw['output_tokens'] / timing.generate_s:
 for line in b.gpu_lines(raw["gpu"]):
     print(f"raw in steady state, {line}")
 print(f"raw KV cache {raw['kv_cache_tokens']}")
-print(f"raw settings: {single.engine_kwargs()}")
-kit_folder = work / "text" / "kit" / "text_classification"
-predictions = pd.read_parquet(kit_folder / "predictions.parquet")
+print(f"raw settings: {setup.spec['engine_kwargs']}")
+kit = b.kit_results(work / "text" / "kit" / "text_classification", "predictions.parquet", "Customer Id",
+                    lambda r: r["predicted_label"])
 ids = pd.read_csv(csv)["Customer Id"].tolist()
-mine = predictions[predictions["Customer Id"].isin(set(ids))]
-kit = {"answers": dict(zip(mine["Customer Id"], mine["predicted_label"])),
-       "digests": dict(zip(mine["Customer Id"], mine["request_digest"]))}
-checked = b.agreement(raw, kit, ids)
+mine = {**kit, **{k: {i: kit[k][i] for i in ids if i in kit[k]} for k in ("answers", "digests")}}
+checked = b.agreement(raw, mine, ids)
 print(f"raw vs the kit's answers to the same {rows:,} prompts (the kit ran all 1,000,000; "
-      f"{len(predictions):,} answered):" + "".join(f"\n  {line}" for line in checked.lines()))
+      f"{len(kit['answers']):,} answered):" + "".join(f"\n  {line}" for line in checked.lines()))
 sys.exit(0 if checked.ok else 1)
 PY
       ;;
-    prep70b) python3 -c "
-from helpers import models
-print(models.prepare_smollm2()); print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))
-print(models.prepare_random_weights('meta-llama/Llama-3.1-70B-Instruct'))" ;;
     text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
     text8b-gpus[1-9]) n=${step#text8b-gpus}
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/gpus$n "$llama" "${ROWS:-100000}" '{}' ;;
     text70b-auto) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-auto "$llama70" "${ROWS:-10000}" '{}' ;;
     text70b-tp4) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-tp4 "$llama70" "${ROWS:-10000}" \
-      "{\"PRESET\": \"text-llama70b-h100-tp4\", \"ACCELERATOR_TYPE\": \"$gpu\", \"CONCURRENCY\": 1, \"MAX_MODEL_LEN\": 256}" ;;
+      "{\"PRESET\": \"text-llama70b-h100-tp4\", \"ENGINE\": {\"accelerator_type\": \"$gpu\", \"concurrency\": 1, \"max_model_len\": 256}}" ;;
     text70b-fp8-tp2) CUDA_VISIBLE_DEVICES=0,1 kit_alone $work/scale/70b-fp8 "$llama70" "${ROWS:-10000}" \
-      "{\"PRESET\": \"text-llama70b-a100-fp8\", \"ACCELERATOR_TYPE\": \"$gpu\", \"CONCURRENCY\": 1}" ;;
-    # A run's start, captions and two nodes on 2 GPUs, the cost of confidence (2026-11-27, a machine of 2 GPUs):
-    prep49) python3 -c "
-from helpers import models
-print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))
-print(models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct'))" ;;
+      "{\"PRESET\": \"text-llama70b-a100-fp8\", \"ENGINE\": {\"accelerator_type\": \"$gpu\", \"concurrency\": 1}}" ;;
     # The kit's first 8B engine on this machine (torch.compile's cache cold): the start marks, 20,000 prompts.
     text8b-cold) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/cold "$llama" "${ROWS:-20000}" '{}' ;;
     # One vllm.LLM engine per setting, each in a fresh process (benchmarks/bench_engine_start.py).
-    engine-start) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_engine_start.py \
-        "$(python3 -c "from helpers import models; print(models.prepare_random_weights('unsloth/Llama-3.1-8B-Instruct'))")" \
-        ${ENGINE_SETTINGS:-default kit-sizes no-compile} --prompts "${PROMPTS:-10000}" ;;
+    engine-start) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_engine_start.py "$llama" \
+        ${ENGINE_SETTINGS:-default kit-sizes no-compile kit} --prompts "${PROMPTS:-10000}" ;;
     # The cost of CONFIDENCE on the GPU: the same 100,000 prompts with CONFIDENCE on (text8b-gpus1: off).
     text8b-conf) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/conf "$llama" "${ROWS:-100000}" '{"CONFIDENCE": true}' ;;
     # Captions on GPUs 0,1: 10,000 small images (IMAGES), the 3B VL shape, auto.
     vl3b-gpus2) CUDA_VISIBLE_DEVICES=0,1 caption_alone $work/vl2/kit "$qwen" "${IMAGES:-10000}" '{}' ;;
     # Two Ray nodes on this host: a head with GPU 0 and a worker with GPU 1 in a mount namespace of its own
-    # (a tmpfs over /root/node-disk, as the CPU two-node test); OUTPUT_DIR under $work, which both see.
-    # The kit's text notebook joins the cluster `ray start` left running, as on a cluster's head node.
+    # (a tmpfs over /root/node-disk, as the CPU two-node test); OUTPUT_DIR and the model's folder under /root,
+    # which both see. The kit's text notebook joins the cluster `ray start` left running (RAY_ADDRESS), as a job would.
     twonode8b) rayc="python3 -m ray.scripts.scripts"  # the CLI, wherever pip put its script
       $rayc stop --force >/dev/null 2>&1 || true
       # `ray start` turns token authentication on: every node and the driver use the same token (a worker
@@ -464,20 +404,22 @@ print(models.prepare_random_weights('Qwen/Qwen2.5-VL-3B-Instruct'))" ;;
       fi
       $rayc status || true
       nodes=$(python3 -c "
-import ray; from helpers import cluster; cluster.enable_token_auth_if_available()
+import ray
+from ray._private.authentication.authentication_token_setup import maybe_enable_token_auth_if_token_available
+maybe_enable_token_auth_if_token_available(warn_if_disabled=False)  # Ray 2.60 internal, as cluster.start does
 ray.init(address='127.0.0.1:6390', log_to_driver=False); print(sum(1 for n in ray.nodes() if n['Alive']))")
       [ "$nodes" = 2 ] || { echo "two-node cluster: $nodes node(s) alive, not 2: stopping"; $rayc stop --force; exit 1; }
-      kit_alone $work/twonode "$llama" "${ROWS:-100000}" '{}' || status=$?
+      RAY_ADDRESS=127.0.0.1:6390 kit_alone $work/twonode "$llama" "${ROWS:-100000}" '{}' || status=$?
       engines_per_node 127.0.0.1:6390 || true
       python3 -c "
-import pandas as pd, glob
-files = glob.glob('$work/twonode/kit/text_classification/predictions.parquet')
-p = pd.read_parquet(files[0]); ids = p['Customer Id']
+import pandas as pd
+p = pd.read_parquet('$work/twonode/kit/text_classification/predictions.parquet'); ids = p['Customer Id']
 print(f'predictions: {len(p)} rows, {ids.nunique()} distinct ids')" || true
       $rayc stop --force >/dev/null 2>&1 || true
       exit "${status:-0}" ;;
-    # Compiling or not (2026-11-27, third session): the kit's default engines do not compile; this compiles.
-    text8b-compiled) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/compiled "$llama" "${ROWS:-100000}" '{"TORCH_COMPILE": true}' ;;
+    # The kit's GPU engines do not compile by default; this compiles (vLLM's torch.compile).
+    text8b-compiled) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/compiled "$llama" "${ROWS:-100000}" \
+      '{"ENGINE": {"torch_compile": true}}' ;;
     # What importing vLLM costs each engine (its actor, then its engine-core process): two fresh processes.
     importtime) for i in 1 2; do
         python3 -X importtime -c "
@@ -495,31 +437,21 @@ for us, depth, name in sorted(rows, reverse=True)[:30]:
     print(f"  {us / 1e6:6.2f} s  {'  ' * min(depth, 6)}{name}")
 PY
       done ;;
-    # The GPUs read from CUDA's driver without torch (the plan's, 2026-11-27, fourth session), beside torch's.
+    # The GPUs read from CUDA's driver without torch (what "auto" plans on), beside torch's.
     gpu-detect) python3 -c "
 import time; t = time.perf_counter()
-from helpers import local_gpus
-seen, driver_s = local_gpus.read(), time.perf_counter() - t
+from helpers import cluster
+count, name, memory = cluster.local_gpus(); driver_s = time.perf_counter() - t
 t = time.perf_counter(); import torch; imported_s = time.perf_counter() - t
 t = time.perf_counter(); n = torch.cuda.device_count(); p = torch.cuda.get_device_properties(0); torch_s = time.perf_counter() - t
-print(f'driver: {seen} in {driver_s:.2f} s; torch: {n} x {p.name}, {p.total_memory / 1024**3:.3f} GiB in {torch_s:.2f} s '
-      f'after {imported_s:.2f} s of import')
-same = (seen.count, seen.name, round(seen.memory_gib, 3)) == (n, p.name, round(p.total_memory / 1024**3, 3))
+print(f'driver: {count} x {name}, {memory:.3f} GiB in {driver_s:.2f} s; torch: {n} x {p.name}, '
+      f'{p.total_memory / 1024**3:.3f} GiB in {torch_s:.2f} s after {imported_s:.2f} s of import')
+same = (count, name, round(memory, 3)) == (n, p.name, round(p.total_memory / 1024**3, 3))
 print('the driver and torch agree' if same else 'THE DRIVER AND TORCH DIFFER')"
-      CUDA_VISIBLE_DEVICES= python3 -c "from helpers import local_gpus; print('no GPU visible:', local_gpus.read())" ;;
+      CUDA_VISIBLE_DEVICES= python3 -c "from helpers import cluster; print('no GPU visible:', cluster.local_gpus())" ;;
     text8b-second) n=${ROWS:-20000}; csv=$(companies $n $work/scale/input-$n)
       CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_second_run.py --input "$csv" --workdir $work/second \
         -p MODEL_SOURCE "'$llama'" ;;
-    cells-ab) companies 100000 $work/profile
-      cp benchmarks/profile_cells.py "${OLD_KIT:?OLD_KIT: a checkout of the kit to compare with}/benchmarks/"  # --time-only
-      for round in 1 2 3; do
-        for side in before after; do
-          dir=.; [ $side = before ] && dir=$OLD_KIT
-          echo "== $side, round $round, $(cd $dir && git rev-parse --short HEAD 2>/dev/null || echo "$dir")"
-          (cd $dir && python3 benchmarks/profile_cells.py text_classification --time-only -p MODEL_SOURCE "'$llama'" \
-            -p INPUT_PATH "'$work/profile/companies.csv'" -p OUTPUT_DIR "'$work/profile/out-$side'" | grep "^===")
-        done
-      done ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?

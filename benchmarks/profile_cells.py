@@ -2,8 +2,9 @@
 cell in this process, as a kernel would, and print each cell's seconds and, for the slow ones, the
 calls that took them (cProfile, cumulative time).
 
-    python benchmarks/profile_cells.py text_classification -p MODEL_SOURCE '"random-weights:unsloth/Llama-3.1-8B-Instruct"' \
-        -p INPUT_PATH '"/data/companies.csv"'
+    python benchmarks/profile_cells.py text_classification -p INPUT_PATH '"/data/companies.csv"' \
+        -p MODEL_SOURCE "'$(python benchmarks/random_weights.py unsloth/Llama-3.1-8B-Instruct)'" \
+        -p ENGINE "{'engine_kwargs': {'load_format': 'dummy'}}"
 
 Each ``-p NAME VALUE`` sets a parameter (VALUE is Python, as in the parameters cell). Ray is shut
 down at the end. Results go to stdout only; nothing is written to OUTPUT_DIR (the pipeline cell is
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PIPELINE_CELL = "pipeline.run("  # the first cell that runs the pipeline (and writes results)
+PIPELINE_CELL = "pipeline.write("  # the run cell: the first that runs the pipeline (and writes results)
 
 
 def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]]:
@@ -53,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     parser.add_argument("--top", type=int, default=20, help="calls shown for each cell over --slow seconds")
     parser.add_argument("--slow", type=float, default=1.0)
-    parser.add_argument("--time-only", action="store_true", help="each cell's seconds without cProfile (its overhead "
-                        "falls on this thread only, not on the plan's import thread: comparisons of the two need this)")
+    parser.add_argument("--time-only", action="store_true", help="each cell's seconds without cProfile (whose "
+                        "overhead falls on Python code only: for timings to compare with a notebook's)")
     args = parser.parse_args(argv)
     os.chdir(REPO / "notebooks")  # where a kernel runs the notebook
     sys.path.insert(0, str(REPO))

@@ -181,22 +181,22 @@ def gpu_problems(cluster: Mapping[str, Any], gpu_type: str, per_replica: float, 
 def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
     """What ``cluster`` lacks for ``needs``, in words: CPUs in all, then every actor placed node by node
     (largest first) with a light task's room left on some node, then GPUs."""
-    if needs.reserved + needs.task_cpus > cluster.get("CPU", 0.0):
-        return [f"the actors reserve {needs.reserved:g} CPUs and tasks need {needs.task_cpus:g} more, "
-                f"but the cluster has {cluster.get('CPU', 0.0):g} CPUs"]
-    found = []
-    free = sorted((n["cpus"] for n in cluster.get("nodes", [])), reverse=True)
+    found, free = [], sorted((n["cpus"] for n in cluster.get("nodes", [])), reverse=True)
     shown = " + ".join(f"{c:g}" for c in free)
-    for need in sorted([1.0] * needs.replicas + [needs.stage_cpus] * needs.stage_actors, reverse=True):
-        room = next((i for i, f in enumerate(free) if f + 1e-9 >= need), None)
-        if room is None:
-            found.append(f"an actor holding {need:g} CPUs fits on none of the nodes once the others are placed "
+    if needs.reserved + needs.task_cpus > cluster.get("CPU", 0.0):
+        found.append(f"the actors reserve {needs.reserved:g} CPUs and tasks need {needs.task_cpus:g} more, but the "
+                     f"cluster has {cluster.get('CPU', 0.0):g} CPUs")
+    else:
+        for need in sorted([1.0] * needs.replicas + [needs.stage_cpus] * needs.stage_actors, reverse=True):
+            room = next((i for i, f in enumerate(free) if f + 1e-9 >= need), None)
+            if room is None:
+                found.append(f"an actor holding {need:g} CPUs fits on none of the nodes once the others are placed "
+                             f"(nodes of {shown} CPUs)")
+                break
+            free[room] -= need
+        if not found and free and max(free) + 1e-9 < needs.task_cpus:
+            found.append(f"with the actors placed, no node keeps {needs.task_cpus:g} CPU free for the pipeline's tasks "
                          f"(nodes of {shown} CPUs)")
-            break
-        free[room] -= need
-    if not found and free and max(free) + 1e-9 < needs.task_cpus:
-        found.append(f"with the actors placed, no node keeps {needs.task_cpus:g} CPU free for the pipeline's tasks "
-                     f"(nodes of {shown} CPUs)")
     if needs.gpu_type:
         found += gpu_problems(cluster, needs.gpu_type, needs.gpus_per_replica, needs.replicas, needs.stages)
     return found

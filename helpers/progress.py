@@ -92,10 +92,14 @@ def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float 
         if rows and state["first"] is None:
             state["first"] = (now, rows)
         t0, r0 = state["first"] or (now, rows)  # the rate since the first rows came, not the engine's start
-        shown = line(now - started, rows, total, (rows - r0) / (now - t0) if now > t0 else 0.0, about, final)
+        if now > t0:
+            rate = (rows - r0) / (now - t0)
+        else:  # no rate yet; at the end, all the rows came at once: the whole run's
+            rate = rows / max(now - started, 1e-9) if final else 0.0
+        shown = line(now - started, rows, total, rate, about, final)
         if person:
             handle.update({"text/plain": shown}, raw=True)
-        elif not final:
+        else:
             log(shown)
         state["shown"] = now
 
@@ -110,8 +114,10 @@ def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float 
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main and timeout_s else None
     threading.Thread(target=watch, daemon=True, name="progress").start()
+    ended = False
     try:
         yield
+        ended = True
     except KeyboardInterrupt:
         if fired.is_set():
             raise NoResultsInTime(f"no results were written within {timeout_s:g} s (startup_timeout_s): the engine did not "
@@ -122,5 +128,4 @@ def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float 
         done.set()
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-        if person:
-            show(final=True)
+        show(final=ended)  # "done in ..." only for a write that ended

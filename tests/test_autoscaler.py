@@ -405,15 +405,16 @@ def test_auto_with_a_gpu_type_named_asks_a_cluster_that_scales_from_zero_for_it_
 
 
 @pytest.mark.slow
-def test_autoscaler_v2_says_what_no_node_type_has_and_the_run_is_refused_without_waiting_it_out():
-    """Autoscaler v2 (``ray up``'s default in Ray 2.60) reports requests no node type can hold: the
-    run stops at once, not after its start-up timeout. The tutorial preset still waits for its L4s."""
+def test_autoscaler_v2_adds_the_l4s_a_preset_asks_for_and_a_gpu_no_node_type_has_is_refused_in_time():
+    """Autoscaler v2 (``ray up``'s default in Ray 2.60): the tutorial preset waits for its L4s, which
+    come; A10Gs, which no node type has, are refused once ``startup_timeout_s`` is over, naming what is
+    missing. (The kit no longer reads v2's infeasible report: a Ray internal; benchmarks/RESULTS.md.)"""
     with autoscaling_cluster(v2=True) as (gcs, env):
         env = {**env, "RAY_ADDRESS": gcs}
         found, said = start(env, "text-llama8b-l4", 240)
         assert found.get("cluster", {}).get("GPU") == 4, (found, monitor_log(env))
         assert "is not in the cluster (it has: no GPUs)" in said and "The autoscaler added them in" in said, said
         started = time.monotonic()
-        refused, said = start(env, "text-llama8b-a10g", 300)
-        assert "reports that none of its node types can provide them" in refused.get("refused", ""), refused
-        assert time.monotonic() - started < 120
+        refused, said = start(env, "text-llama8b-a10g", 20)
+        assert "accelerator_type='A10G' is not in the cluster" in refused.get("refused", ""), refused
+        assert "did not add them within 20 s" in refused["refused"] and time.monotonic() - started < 120

@@ -127,7 +127,8 @@ def test_webdataset_shards_in_a_bucket_are_read_and_prepared_by_rays_workers(s3,
     for shard, data in blip_shard_bytes().items():
         s3.put_object(Bucket=BUCKET, Key=f"blip3o/data/{shard}", Body=data)
     source = images.image_input(f"s3://{BUCKET}/blip3o/", "auto", "jpg", None)
-    assert source.format == "webdataset" and source.rows == len(blip_samples())
+    # The size: estimated from the first shard's first 8 MiB (here the whole shard) and both shards' sizes.
+    assert source.format == "webdataset" and abs(source.rows - len(blip_samples())) <= 2, source
     ds = images.read(source, num_blocks=4, num_cpus=0.5)
     ds = ds.map_batches(images.prepare_batch, batch_format="pandas", fn_kwargs={"max_tokens": 64})
     rows = ds.select_columns([images.SAMPLE_ID, "reject_reason"]).take_all()

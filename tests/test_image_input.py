@@ -2,6 +2,7 @@
 extensions, repeated keys and shard names, nulls, strings, paths), each image prepared or rejected."""
 
 import io
+import json
 import tarfile
 
 import numpy as np
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from helpers import images, storage
+from helpers import images, models, storage
 from helpers.pipeline import REJECT_REASON, ROW_ID
 from helpers.parameters import ParameterError
 
@@ -207,3 +208,18 @@ def test_the_example_is_the_largest_image_the_budget_allows_and_the_grid_draws_a
     assert (tmp_path / "g.png").stat().st_size > 0
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert texts[0].startswith("x··x··") and texts[1] == "(no caption)"
+
+
+def test_the_tiny_vlm_is_a_qwen2_vl_with_its_special_tokens_and_a_template_for_images():
+    from transformers import AutoProcessor, AutoTokenizer
+
+    folder = models.tiny_vlm()
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    special = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+    assert [tokenizer.convert_tokens_to_ids(t) for t in special] == list(range(len(special)))
+    text = AutoProcessor.from_pretrained(folder).apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_pil", "image_pil": None}]}],
+        tokenize=False, add_generation_prompt=True)
+    assert "<|vision_start|><|image_pad|><|vision_end|>" in text and text.endswith("<|im_start|>assistant\n")

