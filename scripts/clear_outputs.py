@@ -31,6 +31,8 @@ def cleaned(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     for cell in nb.cells:
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
+        if cell.metadata.get("tags") == []:  # papermill adds an empty list to every cell
+            del cell.metadata["tags"]
         if cell.cell_type != "code":
             continue
         if is_checked(cell):
