@@ -98,7 +98,7 @@ KNOWN_MODELS: dict[str, ModelShape] = {
     "unsloth/Llama-3.1-8B-Instruct": ModelShape(8.03e9, 32, 8, 128, 32),
     "meta-llama/Llama-3.1-70B-Instruct": ModelShape(70.6e9, 80, 8, 128, 64),
     "Qwen/Qwen2.5-VL-3B-Instruct": ModelShape(3.75e9, 36, 2, 128, 16),
-    "meta-llama/Llama-3.2-90B-Vision-Instruct": ModelShape(88.6e9, 100, 8, 128, 64),
+    "Qwen/Qwen2.5-VL-72B-Instruct": ModelShape(73.4e9, 80, 8, 128, 64),
 }
 
 
@@ -300,9 +300,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            tensor_parallel_size=4, description="70B in 16-bit (~140 GB) over 4 H100s per replica"),
     Preset("text-llama70b-a100-fp8", "text", LLAMA_70B, "A100-80G", 2, 128, 1024, 256, max_num_seqs=128,
            tensor_parallel_size=2, quantization="fp8", description="FP8 halves the weights: 2 GPUs per replica"),
-    Preset("vision-llama90b-h100-tp8-pp2", "vision", "meta-llama/Llama-3.2-90B-Vision-Instruct", "H100", 1, 16,
+    # Ray's tutorial runs Llama-3.2-90B-Vision so; vLLM 0.29 no longer runs that architecture (Mllama).
+    Preset("vision-qwen72b-h100-tp8-pp2", "vision", "Qwen/Qwen2.5-VL-72B-Instruct", "H100", 1, 16,
            8192, 128, max_num_seqs=64, tensor_parallel_size=8, pipeline_parallel_size=2,
-           description="the 90B vision model of Ray's tutorial: 2 nodes x 8 H100, tp=8, pp=2"),
+           description="the big vision model layout of Ray's tutorial: 2 nodes x 8 H100, tp=8, pp=2"),
 ]}
 DEFAULT_GPU_PRESET = {"text": "text-llama8b-l4", "vision": "vision-qwen3b-l4"}
 CPU_PRESET = {"text": "text-cpu-offline", "vision": "vision-cpu-offline"}

@@ -32,7 +32,7 @@ def test_seed_presets_are_as_published():
     assert PRESETS["text-llama8b-l4-scaled"].concurrency == 10
     vision = PRESETS["vision-qwen3b-l4"]
     assert (vision.batch_size, vision.max_model_len, vision.concurrency) == (16, 8192, 4)
-    big = PRESETS["vision-llama90b-h100-tp8-pp2"]
+    big = PRESETS["vision-qwen72b-h100-tp8-pp2"]
     assert big.gpus_per_replica == 16 and big.engine_args["distributed_executor_backend"] == "ray"
 
 
@@ -292,7 +292,7 @@ def test_a_cluster_is_read_node_by_node_and_its_fit_placed_there():
     assert "no node keeps 1 CPU free" in cluster.problems(tight, cluster.Needs(2, 1, 0.1))[0]
     assert "fits on none of the nodes" in cluster.problems(tight | {"CPU": 9.0}, cluster.Needs(1, 1, 3.0))[0]
     assert needs.bundles()[0] == {"CPU": 1.0, "GPU": 0.5, "accelerator_type:H100": 0.001}
-    # Ray's tutorial's 90B vision model: tp=8 x pp=2, each stage's 8 GPUs on a node of its own.
+    # Ray's tutorial's big vision model: tp=8 x pp=2, each stage's 8 GPUs on a node of its own.
     big = cluster.Needs(1, 2, 1.0, "H100", 16, stages=2)
     assert cluster.problems(seen(("H100", 8), ("H100", 8)), big) == []
     assert "which holds 0" in cluster.problems(seen(("H100", 8)), big)[0]
