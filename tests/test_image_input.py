@@ -180,6 +180,19 @@ def test_parquet_rows_are_told_apart_by_file_and_position_and_bad_values_are_rej
         read(tmp_path / "ids", image_column="jpg", id_column="key")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["hf-bytes", "hf-paths", "plain"])
+def test_every_parquet_layout_users_bring_reads_every_good_image_through_rays_reader(local_ray, tmp_path, layout):
+    """The layouts of the captioning notebook's parquet run (test_notebook_runs), read as the notebook
+    reads them (its default IMAGE_COLUMN), without the engine: every image, each id once."""
+    from conftest import good_parquet_images
+
+    count = good_parquet_images(tmp_path / "pq", layout)
+    rows = read(tmp_path / "pq", image_column="jpg;jpeg;png;webp;gif;bmp;tif;tiff;image").take_all()
+    assert len(rows) == count and all(not r[REJECT_REASON] and r[images.IMAGE_BYTES] for r in rows)
+    assert len({r[ROW_ID] for r in rows}) == count
+
+
 def test_hugging_face_parquet_images_come_embedded_or_by_a_path_relative_to_the_parquet_file(tmp_path, sample):
     (tmp_path / "images").mkdir()
     (tmp_path / "images" / "moon.jpg").write_bytes(sample["moon"])

@@ -138,47 +138,22 @@ def test_an_engine_that_does_not_start_in_time_stops_the_run(runner, tmp_path):
     assert time.monotonic() - started < 240
 
 
-def _good_parquet_images(folder: Path, layout: str) -> int:
-    """Good images only, as parquet without an id column, in one of the layouts users bring: Hugging
-    Face ``{bytes, path}`` rows with the bytes in them, the same with the bytes left out and each
-    image's path (``datasets`` writing a local dataset of image files kept elsewhere), or a plain folder
-    of image bytes in several files."""
-    from conftest import SAMPLE_PHOTOS, sample_files
-
-    files = {k: v for k, v in sample_files().items() if k in SAMPLE_PHOTOS}
-    folder.mkdir(parents=True)
-    if layout == "hf-bytes":
-        pd.DataFrame({"image": [{"bytes": b, "path": f"{k}.jpg"} for k, b in files.items()]}).to_parquet(
-            folder / "train-00000-of-00001.parquet")
-    elif layout == "hf-paths":
-        images = folder.parent / "image-files"
-        images.mkdir()
-        for key, raw in files.items():
-            (images / f"{key}.jpg").write_bytes(raw)
-        pd.DataFrame({"image": [{"bytes": None, "path": str(images / f"{k}.jpg")} for k in files]}).to_parquet(
-            folder / "train.parquet")
-    else:  # plain: a bytes column, rows spread over three files
-        items = list(files.items())
-        for n in range(3):
-            pd.DataFrame({"jpg": [b for _, b in items[n::3]], "name": [k for k, _ in items[n::3]]}).to_parquet(
-                folder / f"part-{n}.parquet")
-    return len(files)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["hf-bytes", "hf-paths", "plain"])
-def test_captioning_parquet_of_good_images_without_an_id_column_runs_to_its_summary(runner, tmp_path, layout):
+def test_captioning_parquet_of_good_images_without_an_id_column_runs_to_its_summary(runner, tmp_path):
     """Every image good, no ID_COLUMN, no LIMIT: the run cell failed after the pipeline (pandas'
     IndexError in ``pipeline.collect``) because the results carried Ray's uint64 ``row_hash`` as pickled
     Python objects (a row map turns it into a Python int, and Arrow cannot infer a type for ints past
     int64). The results must carry it as uint64, the type Ray's reader gives it, so that a resume
-    compares like with like."""
+    compares like with like. Hugging Face rows that name each image's file (the other parquet layouts
+    read the same through Ray's reader: test_image_input)."""
     import pyarrow.parquet as pq
     import ray.data  # noqa: F401  (registers Ray's Arrow extension types, as any notebook's kernel has)
 
     from helpers import images
 
-    count = _good_parquet_images(tmp_path / "pq", layout)
+    from conftest import good_parquet_images
+
+    count = good_parquet_images(tmp_path / "pq", "hf-paths")
     out = runner.run("vlm_captioning", tmp_path / "results", {"INPUT_PATH": str(tmp_path / "pq")})
     summary = json.loads((Path(out) / "summary.json").read_text())
     assert summary["images read"] == summary["captioned"] == count and summary["all images accounted for"], summary
