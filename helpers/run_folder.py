@@ -138,10 +138,11 @@ class _Lock:
 
 
 def describe(value: Any) -> Any:
-    """``value`` (a request) as stable JSON: other objects (an image) as their text without memory addresses."""
+    """``value`` (a request) as stable JSON: objects as their text without addresses, images with a hash of their pixels."""
     import re
 
-    return json.loads(json.dumps(value, default=lambda v: re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(v).__name__}{getattr(v, 'shape', '')}: {v}")))
+    return json.loads(json.dumps(value, default=lambda v: re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(v).__name__}{getattr(v, 'shape', '')}: {v}")
+                                 + (f" sha256:{hashlib.sha256(v.tobytes()).hexdigest()[:16]}" if hasattr(v, "tobytes") else "")))
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:

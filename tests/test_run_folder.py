@@ -115,6 +115,23 @@ def test_an_interrupted_run_resumes_only_with_the_same_settings_prompt_and_postp
     assert [p.relative_to(out / EARLIER).parts[1:] for p in (out / EARLIER).rglob("p.parquet")] == [("parts", "p.parquet")]
 
 
+def test_a_request_is_described_the_same_each_time_and_an_image_by_its_pixels():
+    """A resumed run is compared by its example request: an image whose pixels a ``preprocess`` changed
+    (size and mode the same) described as before would let one run mix two versions."""
+    import numpy as np
+    from PIL import Image
+
+    from helpers.run_folder import describe
+
+    dark = np.zeros((64, 64, 3), np.uint8)
+    brighter = dark.copy()
+    brighter[30, 30] = 255
+    for image in (lambda a: a, Image.fromarray):
+        assert describe({"image": image(dark)}) == describe({"image": image(dark.copy())})
+        assert describe({"image": image(dark)}) != describe({"image": image(brighter)})
+    assert describe({"a": [1, "x", None]}) == {"a": [1, "x", None]}
+
+
 def test_results_in_memory_are_refused_once_a_later_run_moved_them(tmp_path):
     first = start(tmp_path / "out")
     first.lock.release()
