@@ -263,7 +263,7 @@ def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answ
               f"(chance with {len(labels)} labels: {1 / len(labels):.1%})")
         tables["confusion matrix"] = confusion_matrix(truths, predictions[answer], labels)
         plot_confusion_matrix(tables["confusion matrix"], run.path("confusion_matrix.png"),
-                                     title=f"{run.plan.model_source}: confusion matrix")
+                              title=f"{run.plan.model_source}: confusion matrix")
         if has_confidence:
             conf = predictions[CONFIDENCE]
             plot_reliability(reliability(truths, predictions[answer], conf), run.path("reliability.png"),
