@@ -49,7 +49,11 @@
 #                                           # on GPUs 0,1 (accelerator_type the machine's, concurrency 1: tp=2 x 1, fp8)
 #   bash benchmarks/on_gpu.sh text8b-cold   # the first 8B engine on the machine: 20,000 prompts (ROWS) on GPU 0
 #   bash benchmarks/on_gpu.sh engine-start  # one vllm.LLM engine per setting (ENGINE_SETTINGS; bench_engine_start.py)
-#   bash benchmarks/on_gpu.sh text8b-conf   # text8b-gpus1 with CONFIDENCE on
+#   bash benchmarks/on_gpu.sh text8b-conf1  # text8b-gpus1 with CONFIDENCE on (text8b-confN: text8b-gpusN's GPUs)
+#   bash benchmarks/on_gpu.sh logprobs      # one vllm.LLM engine, 8B shape, GPU 0: each way of asking for
+#                                           # log-probabilities (benchmarks/bench_logprobs.py), ROWS prompts each
+#   bash benchmarks/on_gpu.sh vlm-engine    # one vllm.LLM engine of the offline VLM with the engine arguments
+#                                           # the captioning notebook's "auto" gives it on GPU 0, one caption
 #   bash benchmarks/on_gpu.sh vl3b-gpus2    # captions: 10,000 small images (IMAGES), 3B VL shape, GPUs 0,1, auto
 #   bash benchmarks/on_gpu.sh twonode8b     # two Ray nodes on this host (GPU 0 the head's, GPU 1 the worker's, in
 #                                           # a mount namespace of its own), the text notebook joining them (RAY_ADDRESS)
@@ -278,6 +282,9 @@ for folder in sorted(p for p in Path(sys.argv[1]).iterdir() if p.is_dir()):
         if "why" in text and "setting" in text:
             print(text[:3000])
 PY
+      # What the last notebook's engines said when they failed (Ray's worker logs; they go with the machine).
+      grep -h -A40 -E "Traceback|Error" /tmp/ray/session_latest/logs/worker*.err /tmp/ray/session_latest/logs/worker*.out \
+        2>/dev/null | tail -600 > "$out/$step.errors.txt" || true
       ;;
     smol) bench --task text --rows 100000 --workdir $work/smol --warmup 2000 ;;
     # The kit alone, through bench_pipeline's own functions (its --side kit needs the raw side first).
@@ -398,8 +405,27 @@ PY
     # One vllm.LLM engine per setting, each in a fresh process (benchmarks/bench_engine_start.py).
     engine-start) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_engine_start.py "$llama" \
         ${ENGINE_SETTINGS:-default kit-sizes no-compile kit} --prompts "${PROMPTS:-10000}" ;;
-    # The cost of CONFIDENCE on the GPU: the same 100,000 prompts with CONFIDENCE on (text8b-gpus1: off).
-    text8b-conf) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/conf "$llama" "${ROWS:-100000}" '{"CONFIDENCE": true}' ;;
+    # The cost of CONFIDENCE on the GPU: the same 100,000 prompts with CONFIDENCE on (text8b-gpusN: off).
+    text8b-conf[1-9]) n=${step#text8b-conf}
+      CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/conf$n "$llama" "${ROWS:-100000}" '{"CONFIDENCE": true}' ;;
+    logprobs) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_logprobs.py --model "$llama" --rows "${ROWS:-20000}" \
+        --profile k20 --out "$out/logprobs" ;;
+    # The offline VLM's engine alone, with the arguments "auto" gives it here: an engine that fails to
+    # start says why in this log (in a notebook the reason is in Ray's worker logs).
+    vlm-engine) CUDA_VISIBLE_DEVICES=0 python3 - <<'PY'
+import numpy as np
+from PIL import Image
+from vllm import LLM, SamplingParams
+from helpers import config
+plan = config.fit("vision", "auto", None, {})
+print(f"engine arguments: {plan.engine_args}", flush=True)
+llm = LLM(model=plan.model_path, **plan.engine_args, limit_mm_per_prompt={"image": 1})
+image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
+out = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Describe the image."},
+                                              {"type": "image_pil", "image_pil": image}]}], SamplingParams(max_tokens=8))
+print(f"caption tokens: {out[0].outputs[0].token_ids}")
+PY
+      ;;
     # Captions on GPUs 0,1: 10,000 small images (IMAGES), the 3B VL shape, auto.
     vl3b-gpus2) CUDA_VISIBLE_DEVICES=0,1 caption_alone $work/vl2/kit "$qwen" "${IMAGES:-10000}" '{}' ;;
     # Two Ray nodes on this host: a head with GPU 0 and a worker with GPU 1 in a mount namespace of its own
@@ -483,7 +509,7 @@ date -u | tee -a "$out/$step.log"
 case "$step" in
   text8b-warm) timeline_results=(--results $work/scale/warm) ;;
   text8b-cold) timeline_results=(--results $work/scale/cold) ;;
-  text8b-conf) timeline_results=(--results $work/scale/conf) ;;
+  text8b-conf*) timeline_results=(--results $work/scale/conf${step#text8b-conf}) ;;
   text8b-compiled) timeline_results=(--results $work/scale/compiled) ;;
   text8b-second) timeline_results=(--results $work/second/first --results $work/second/second) ;;
   vl3b-gpus2) timeline_results=(--results $work/vl2/kit) ;;

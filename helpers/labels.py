@@ -4,6 +4,9 @@ and each answer's confidence among the labels from the engine's own log-probabil
 What vLLM returns: with ``logprobs=k``, each generated token's log-probability and the ``k`` likeliest
 others. vLLM 0.29 applies the structured-output mask before its sampler computes them, so each step's
 distribution is over the tokens the labels allow, at temperature 1 whatever ``TEMPERATURE`` samples.
+Each token's text comes from :func:`pieces`, not from vLLM: decoding the ``k`` candidates of every token
+is what made the confidence slow on a GPU (``benchmarks/RESULTS.md``), so the notebook asks vLLM not
+to decode (``"detokenize": False``) and Ray's detokenize stage decodes the answer alone.
 
 A label's probability is the sum over its spellings of the product of its tokens' probabilities, end
 token included. Walking the answer, each other token at step ``t`` starts a branch of probability
@@ -58,32 +61,47 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
     return max(max(count(label), sum(count(ch) for ch in label)) for label in labels) + 1
 
 
-def _steps(logprobs) -> list[dict[int, tuple[float, str]]]:
-    """Each step's ``{token id: (logprob, text)}`` however Ray carried them (int or text keys, None entries)."""
+def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
+    """Each token a label can be spelled with, and its text; the special tokens (the answer's end) "".
+    The structured-output mask allows no other token, so these are all the texts :func:`confidence`
+    needs (one pass over the vocabulary, ~1 s for 128,000 tokens)."""
+    from helpers.config import tokenizer as load
+
+    tokenizer = load(plan) if hasattr(plan, "model_path") else plan
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    return {i: text for i, text in enumerate(texts) if not text or any(text in label for label in labels)}
+
+
+def _steps(logprobs, texts: Mapping[int, str]) -> list[dict[int, tuple[float, str | None]]]:
+    """Each step's ``{token id: (logprob, text)}`` however Ray carried them (int or text keys, None entries);
+    the text None for a token outside ``texts``."""
     steps = []
     for step in logprobs:
         entries = {}
         for token, entry in dict(step).items():
             lp = None if entry is None else entry.get("logprob")
             if lp is not None and not math.isnan(lp) and lp != -math.inf:  # a masked token: probability 0
-                entries[int(token)] = (float(lp), entry.get("decoded_token") or "")
+                entries[int(token)] = (float(lp), texts.get(int(token)))
         steps.append(entries)
     return steps
 
 
-def branches(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[list[tuple[str, float, str | None]], str | None]:
+def branches(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapping[int, str]
+             ) -> tuple[list[tuple[str, float, str | None]], str | None]:
     """The answer's branches: each other token's text, its whole probability and the one label it can
-    still become (None: several, or none), the answer's own path last; and the label the answer spelled."""
+    still become (None: several, none, or a token outside ``texts``), the answer's own path last; and
+    the label the answer spelled."""
     found: list[tuple[str, float, str | None]] = []
     path, prefix, chosen = 0.0, "", None
-    for token, step in zip(tokens, _steps(logprobs)):
-        if int(token) not in step:
-            return found, None  # the answer's own token missing: nothing to say
+    for token, step in zip(tokens, _steps(logprobs, texts)):
+        if step.get(int(token), (0, None))[1] is None:
+            return found, None  # the answer's own token missing or unknown: nothing to say
         for other, (lp, piece) in step.items():
             if other != int(token):
                 candidates = [label for label in labels if piece and label.startswith(prefix + piece)]
-                owner = candidates[0] if len(candidates) == 1 else prefix if not candidates and prefix in labels else None
-                found.append((prefix + piece, math.exp(path + lp), owner))
+                ended = piece is not None and not candidates and prefix in labels  # a stop token after a label
+                owner = candidates[0] if len(candidates) == 1 else prefix if ended else None
+                found.append((prefix + (piece or ""), math.exp(path + lp), owner))
         lp, piece = step[int(token)]
         path += lp
         if prefix in labels and not (piece and any(label.startswith(prefix + piece) for label in labels)):
@@ -97,25 +115,26 @@ def branches(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[li
     return found, chosen
 
 
-def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str]) -> tuple[dict[str, float], float, str | None]:
+def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapping[int, str]
+                        ) -> tuple[dict[str, float], float, str | None]:
     """Each label's probability, the mass not resolved to one label, and the label the answer spelled."""
     mass = dict.fromkeys(labels, 0.0)
-    found, chosen = branches(tokens, logprobs, labels)
+    found, chosen = branches(tokens, logprobs, labels, texts)
     for _, p, owner in found if chosen is not None else []:
         if owner is not None:
             mass[owner] += p
     return mass, max(0.0, 1.0 - sum(mass.values())), chosen
 
 
-def confidence(row: Mapping[str, Any], labels: Sequence[str]) -> dict[str, Any]:
+def confidence(row: Mapping[str, Any], labels: Sequence[str], texts: Mapping[int, str]) -> dict[str, Any]:
     """An answered row's confidence columns for ``postprocess``: the chosen label's probability, the
     runner-up and its probability, the unresolved mass. None where the engine returned no
-    log-probabilities or the answer is not a label."""
+    log-probabilities or the answer is not a label. ``texts``: :func:`pieces`."""
     none = {CONFIDENCE: None, RUNNER_UP: None, RUNNER_UP_CONFIDENCE: None, UNRESOLVED: None}
     logprobs, tokens = row.get("logprobs"), row.get("generated_tokens")
     if logprobs is None or tokens is None or len(logprobs) == 0:
         return none
-    mass, unresolved, chosen = label_probabilities(list(tokens), list(logprobs), labels)
+    mass, unresolved, chosen = label_probabilities(list(tokens), list(logprobs), labels, texts)
     if chosen is None:
         return none
     second, runner = max(((p, label) for label, p in mass.items() if label != chosen), default=(0.0, None))

@@ -19,9 +19,10 @@ ABC = ["A", "B", "C"]
 
 
 def step(**tokens):
-    """One generated step: ``{token id: {"logprob", "rank", "decoded_token"}}`` as Ray returns it."""
-    return {int(k[1:]): {"logprob": math.log(p) if p > 0 else -math.inf, "rank": 0, "decoded_token": text}
-            for k, (text, p) in tokens.items()}
+    """One generated step: ``{token id: {"logprob", "rank", "decoded_token"}}`` as Ray returns it when
+    vLLM does not decode (the notebook's ``"detokenize": False``)."""
+    return {int(k[1:]): {"logprob": math.log(p) if p > 0 else -math.inf, "rank": 0, "decoded_token": None}
+            for k, p in tokens.items()}
 
 
 def test_per_label_table():
@@ -77,30 +78,49 @@ def test_the_answer_budget_covers_the_finest_spelling_plus_the_stop(smollm2_path
 def test_labels_sharing_first_tokens_and_stop_tokens_get_their_branches_and_the_rest_is_unresolved():
     # "Real Estate" answered as "Real" + " Estate" + end: "Ret" leaves for Retail at step 0; "Re" and
     # "Te" could still become two labels each: unresolved.
-    steps = [step(t1=("Real", 0.6), t2=("Ret", 0.25), t3=("Re", 0.05), t4=("Te", 0.04), t5=("Law", 0.06)),
-             step(t6=(" Estate", 0.9), t7=(" E", 0.1)),
-             step(t0=("<|im_end|>", 1.0), t8=("x", 0.0))]  # a masked token in the top k: probability 0
-    mass, unresolved, chosen = labels.label_probabilities([1, 6, 0], steps, LABELS)
+    texts = {0: "", 1: "Real", 2: "Ret", 3: "Re", 4: "Te", 5: "Law", 6: " Estate", 7: " E", 8: "x"}  # 0: the end
+    steps = [step(t1=0.6, t2=0.25, t3=0.05, t4=0.04, t5=0.06), step(t6=0.9, t7=0.1),
+             step(t0=1.0, t8=0.0)]  # a masked token in the top k: probability 0
+    mass, unresolved, chosen = labels.label_probabilities([1, 6, 0], steps, LABELS, texts)
     assert chosen == "Real Estate"
     assert mass == pytest.approx({"Law Firm": 0.06, "Real Estate": 0.6, "Retail": 0.25, "Tech": 0, "Technology": 0})
     assert unresolved == pytest.approx(0.09) and sum(mass.values()) + unresolved == pytest.approx(1)
-    steps = [step(t4=("Tech", 0.9), t5=("Law", 0.1)), step(t0=("<|im_end|>", 0.7), t7=("nology", 0.3))]
-    mass, unresolved, chosen = labels.label_probabilities([4, 0], steps, LABELS)
+    steps = [step(t4=0.9, t5=0.1), step(t0=0.7, t7=0.3)]
+    mass, unresolved, chosen = labels.label_probabilities([4, 0], steps, LABELS, {0: "", 4: "Tech", 5: "Law", 7: "nology"})
     assert chosen == "Tech" and mass["Tech"] == pytest.approx(0.63) and mass["Technology"] == pytest.approx(0.27)
 
 
 def test_the_columns_read_the_logprobs_as_ray_may_carry_them_and_say_nothing_without_them():
-    steps = [{"1": {"logprob": math.log(0.7), "rank": 1, "decoded_token": "Retail"}, "9": None,
-              "2": {"logprob": math.log(0.3), "rank": 2, "decoded_token": "Law"}},
-             {"0": {"logprob": 0.0, "rank": 1, "decoded_token": "</s>"}}]
+    steps = [{"1": {"logprob": math.log(0.7), "rank": 1, "decoded_token": None}, "9": None,
+              "2": {"logprob": math.log(0.3), "rank": 2, "decoded_token": None}},
+             {"0": {"logprob": 0.0, "rank": 1, "decoded_token": None}}]
+    texts = {0: "", 1: "Retail", 2: "Law"}
     row = {"generated_text": "Retail", "generated_tokens": [1, 0], "logprobs": steps}
-    assert labels.confidence(row, LABELS) == pytest.approx(
+    assert labels.confidence(row, LABELS, texts) == pytest.approx(
         {"confidence": 0.7, "runner_up": "Law Firm", "runner_up_confidence": 0.3, "confidence_unresolved": 0.0})
     nothing = dict.fromkeys(["confidence", "runner_up", "runner_up_confidence", "confidence_unresolved"])
-    assert labels.confidence({**row, "logprobs": None}, LABELS) == nothing
-    assert labels.confidence({**row, "generated_tokens": [5, 0]}, LABELS) == nothing  # not the answer's tokens
-    lone = {**row, "logprobs": [{"1": {"logprob": 0.0, "decoded_token": "Retail"}}, steps[1]]}
-    assert labels.confidence(lone, LABELS)["runner_up"] is None
+    assert labels.confidence({**row, "logprobs": None}, LABELS, texts) == nothing
+    assert labels.confidence({**row, "generated_tokens": [5, 0]}, LABELS, texts) == nothing  # not the answer's tokens
+    assert labels.confidence(row, LABELS, {0: "", 2: "Law"}) == nothing  # the answer's own token's text unknown
+    unknown = labels.confidence(row, LABELS, {0: "", 1: "Retail"})  # a candidate's text unknown: unresolved
+    assert unknown == pytest.approx({"confidence": 0.7, "runner_up": None, "runner_up_confidence": 0.0,
+                                     "confidence_unresolved": 0.3})
+    lone = {**row, "logprobs": [{"1": {"logprob": 0.0}}, steps[1]]}
+    assert labels.confidence(lone, LABELS, texts)["runner_up"] is None
+
+
+def test_the_label_pieces_are_every_token_a_label_can_be_spelled_with_and_the_special_ones(smollm2_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    texts = labels.pieces(tokenizer, LABELS)
+    for label in LABELS:
+        ids = tokenizer.encode(label, add_special_tokens=False)
+        assert "".join(texts[i] for i in ids) == label  # the tokenizer's own spelling
+        assert all(tokenizer.convert_tokens_to_ids(ch) in texts for ch in label if ch != " ")  # and letter by letter
+    assert all(texts[i] == "" for i in tokenizer.all_special_ids) and texts[tokenizer.convert_tokens_to_ids("<|im_end|>")] == ""
+    assert tokenizer.encode(" the", add_special_tokens=False)[0] not in texts
+    assert all(text == "" or any(text in label for label in LABELS) for text in texts.values())
 
 
 def test_review_thresholds_reliability_and_the_distribution():
@@ -135,15 +155,20 @@ def main():
         choice = StructuredOutputsParams(choice=choices)
         def chat(**sampling):
             return llm.chat(messages, SamplingParams(max_tokens=max_tokens, structured_outputs=choice, **sampling), use_tqdm=False)
-        kit, full = chat(temperature=0.0, logprobs=labels.TOP_LOGPROBS), chat(temperature=0.0, logprobs=p["FULL"])
+        texts = labels.pieces(llm.get_tokenizer(), choices)
+        # The notebook's request: vLLM decodes nothing, Ray's detokenize stage the answer (as here).
+        kit = chat(temperature=0.0, logprobs=labels.TOP_LOGPROBS, detokenize=False)
+        full = chat(temperature=0.0, logprobs=p["FULL"])
         sampled = chat(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, n=p["SAMPLES"], seed=0)
         for name, k, f, s in zip(names, kit, full, sampled):
             row = vLLMOutputData.from_vllm_engine_output(k).model_dump()  # what Ray's engine stage returns
             f = vLLMOutputData.from_vllm_engine_output(f).model_dump()
-            mass, unresolved, chosen = labels.label_probabilities(f["generated_tokens"], f["logprobs"], choices)
-            found, _ = labels.branches(f["generated_tokens"], f["logprobs"], choices)
-            results.append({"name": name, "labels": choices, "kit": labels.confidence(row, choices),
-                            "answer": row["generated_text"], "full": mass, "full_unresolved": unresolved,
+            assert row["generated_text"] == "" and f["generated_text"]  # vLLM decoded nothing for the kit's request
+            answer = llm.get_tokenizer().decode(row["generated_tokens"], skip_special_tokens=True)
+            mass, unresolved, chosen = labels.label_probabilities(f["generated_tokens"], f["logprobs"], choices, texts)
+            found, _ = labels.branches(f["generated_tokens"], f["logprobs"], choices, texts)
+            results.append({"name": name, "labels": choices, "kit": labels.confidence(row, choices, texts),
+                            "answer": answer, "full": mass, "full_unresolved": unresolved,
                             "full_chosen": chosen, "shared": [(t, q) for t, q, label in found if label is None],
                             "allowed": [sum(1 for e in st.values() if e["logprob"] > float("-inf")) for st in f["logprobs"]],
                             "step_sums": [sum(2.718281828459045 ** e["logprob"] for e in st.values()) for st in f["logprobs"]],
