@@ -54,7 +54,8 @@ def main() -> int:
     csv = b.text_input(args.rows, args.out / f"input-{args.rows}")
     setup = b.text_setup(csv, settings)
     spec = setup.spec
-    os.environ.update(spec["env"])
+    # The kit read the GPUs through CUDA's driver in this process: vLLM's engine core must not be forked.
+    os.environ.update(spec["env"], VLLM_WORKER_MULTIPROC_METHOD="spawn")
     import pandas as pd
     from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMOutputData
     from vllm import LLM

@@ -357,13 +357,13 @@ def engine_env(plan: Any, joined: bool) -> dict[str, str]:
     """The engines' environment variables, for the processor's ``runtime_env`` (Ray's Dashboard shows
     it: never a secret; ``HF_TOKEN`` reaches the engines from their own environment)."""
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_CPU_KVCACHE_SPACE": str(plan.kv_cache_gib)}  # GiB, a whole number
+           "VLLM_CPU_KVCACHE_SPACE": str(plan.kv_cache_gib),  # GiB, a whole number
+           "VLLM_USE_FLASHINFER_SAMPLER": "0"}  # vLLM 0.29 builds it with nvcc on each new node: minutes
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not plan.accelerator_type and plan.replicas == 1 and not joined and len(cores) > 1:
         # vLLM keeps one core back for its scheduler: on 2 cores a lone CPU engine took 1.8x as long.
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
-    if os.environ.get("HF_HUB_OFFLINE"):
-        env["HF_HUB_OFFLINE"] = os.environ["HF_HUB_OFFLINE"]
+    env.update({name: os.environ[name] for name in ["HF_HUB_OFFLINE"] if os.environ.get(name)})
     taken = (job_env().get("env_vars") or {})  # Ray refuses a runtime_env that sets the job's variables again
     return {k: v for k, v in env.items() if k not in taken}
 

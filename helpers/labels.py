@@ -4,9 +4,8 @@ and each answer's confidence among the labels from the engine's own log-probabil
 What vLLM returns: with ``logprobs=k``, each generated token's log-probability and the ``k`` likeliest
 others. vLLM 0.29 applies the structured-output mask before its sampler computes them, so each step's
 distribution is over the tokens the labels allow, at temperature 1 whatever ``TEMPERATURE`` samples.
-Each token's text comes from :func:`pieces`, not from vLLM: decoding the ``k`` candidates of every token
-is what made the confidence slow on a GPU (``benchmarks/RESULTS.md``), so the notebook asks vLLM not
-to decode (``"detokenize": False``) and Ray's detokenize stage decodes the answer alone.
+Each token's text comes from :func:`pieces`: the notebook asks vLLM not to decode the ``k`` candidates
+of every token (``"detokenize": False``; Ray's stage decodes the answer), CPU time per row on a GPU.
 
 A label's probability is the sum over its spellings of the product of its tokens' probabilities, end
 token included. Walking the answer, each other token at step ``t`` starts a branch of probability
@@ -62,9 +61,8 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
 
 
 def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
-    """Each token a label can be spelled with, and its text; the special tokens (the answer's end) "".
-    The structured-output mask allows no other token, so these are all the texts :func:`confidence`
-    needs (one pass over the vocabulary, ~1 s for 128,000 tokens)."""
+    """Each token a label can be spelled with, and its text; the special ones (the answer's end) "": the
+    only tokens the structured-output mask allows (one pass over the vocabulary, ~1 s for 128,000)."""
     from helpers.config import tokenizer as load
 
     tokenizer = load(plan) if hasattr(plan, "model_path") else plan
@@ -73,8 +71,7 @@ def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
 
 
 def _steps(logprobs, texts: Mapping[int, str]) -> list[dict[int, tuple[float, str | None]]]:
-    """Each step's ``{token id: (logprob, text)}`` however Ray carried them (int or text keys, None entries);
-    the text None for a token outside ``texts``."""
+    """Each step's ``{token id: (logprob, its text or None)}`` however Ray carried them (keys, None entries)."""
     steps = []
     for step in logprobs:
         entries = {}
@@ -86,11 +83,9 @@ def _steps(logprobs, texts: Mapping[int, str]) -> list[dict[int, tuple[float, st
     return steps
 
 
-def branches(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapping[int, str]
-             ) -> tuple[list[tuple[str, float, str | None]], str | None]:
-    """The answer's branches: each other token's text, its whole probability and the one label it can
-    still become (None: several, none, or a token outside ``texts``), the answer's own path last; and
-    the label the answer spelled."""
+def branches(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapping[int, str]) -> tuple[list, str | None]:
+    """The answer's branches: each other token's text, its whole probability and the one label it can still
+    become (None: several, none, or a token outside ``texts``), its own path last; and the label it spelled."""
     found: list[tuple[str, float, str | None]] = []
     path, prefix, chosen = 0.0, "", None
     for token, step in zip(tokens, _steps(logprobs, texts)):
@@ -115,8 +110,7 @@ def branches(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapp
     return found, chosen
 
 
-def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapping[int, str]
-                        ) -> tuple[dict[str, float], float, str | None]:
+def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str], texts: Mapping[int, str]) -> tuple:
     """Each label's probability, the mass not resolved to one label, and the label the answer spelled."""
     mass = dict.fromkeys(labels, 0.0)
     found, chosen = branches(tokens, logprobs, labels, texts)
@@ -127,9 +121,8 @@ def label_probabilities(tokens: Sequence[int], logprobs, labels: Sequence[str], 
 
 
 def confidence(row: Mapping[str, Any], labels: Sequence[str], texts: Mapping[int, str]) -> dict[str, Any]:
-    """An answered row's confidence columns for ``postprocess``: the chosen label's probability, the
-    runner-up and its probability, the unresolved mass. None where the engine returned no
-    log-probabilities or the answer is not a label. ``texts``: :func:`pieces`."""
+    """An answered row's confidence columns for ``postprocess`` (``texts``: :func:`pieces`): the chosen label's
+    probability, the runner-up and its, the unresolved mass; None without log-probabilities or a label."""
     none = {CONFIDENCE: None, RUNNER_UP: None, RUNNER_UP_CONFIDENCE: None, UNRESOLVED: None}
     logprobs, tokens = row.get("logprobs"), row.get("generated_tokens")
     if logprobs is None or tokens is None or len(logprobs) == 0:
@@ -138,8 +131,7 @@ def confidence(row: Mapping[str, Any], labels: Sequence[str], texts: Mapping[int
     if chosen is None:
         return none
     second, runner = max(((p, label) for label, p in mass.items() if label != chosen), default=(0.0, None))
-    return {CONFIDENCE: mass[chosen], RUNNER_UP: runner if second > 0 else None,
-            RUNNER_UP_CONFIDENCE: second, UNRESOLVED: unresolved}
+    return {CONFIDENCE: mass[chosen], RUNNER_UP: runner if second > 0 else None, RUNNER_UP_CONFIDENCE: second, UNRESOLVED: unresolved}
 
 
 def above_thresholds(truth: pd.Series, predicted: pd.Series, conf: pd.Series,

@@ -71,15 +71,17 @@ def test_processor_skips_engine_metrics_and_keeps_failed_rows(path):
     """Ray records vLLM's metrics per request by default: 12% of the engine actor's busy thread on an
     H100 at 600 rows/s (benchmarks/RESULTS.md). The notebooks turn it off, and keep rows that fail.
     Text tokenizes in a stage of its own where the preset says so (a GPU); images never do (vLLM
-    places the image tokens), and neither detokenizes in a stage (vLLM decodes as it generates)."""
+    places the image tokens). vLLM decodes as it generates, except with ``CONFIDENCE``: then it would
+    decode 20 candidates a token, so the request says ``"detokenize": False`` and Ray's stage decodes."""
     keywords = _processor_config_keywords(path)
     assert keywords["log_engine_metrics"] is False
     assert keywords["should_continue_on_error"] is True
-    assert keywords["detokenize_stage"] is False
     if path.name.startswith("text"):
         assert keywords["tokenize_stage"] == "{'enabled': plan.tokenize_stage, 'num_cpus': plan.stage_cpus}"
+        assert keywords["detokenize_stage"] == "{'enabled': CONFIDENCE, 'num_cpus': plan.stage_cpus}"
+        assert '"detokenize": not CONFIDENCE' in path.read_text().replace('\\"', '"')
     else:
-        assert keywords["tokenize_stage"] is False
+        assert keywords["tokenize_stage"] is False and keywords["detokenize_stage"] is False
 
 
 # A newcomer reads a notebook in 15 minutes: at most 26 cells and 1,200 words of prose before
