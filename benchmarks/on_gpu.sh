@@ -49,7 +49,9 @@
 #                                           # on GPUs 0,1 (accelerator_type the machine's, concurrency 1: tp=2 x 1, fp8)
 #   bash benchmarks/on_gpu.sh text8b-cold   # the first 8B engine on the machine: 20,000 prompts (ROWS) on GPU 0
 #   bash benchmarks/on_gpu.sh engine-start  # one vllm.LLM engine per setting (ENGINE_SETTINGS; bench_engine_start.py)
-#   bash benchmarks/on_gpu.sh text8b-conf1  # text8b-gpus1 with CONFIDENCE on (text8b-confN: text8b-gpusN's GPUs)
+#   bash benchmarks/on_gpu.sh text8b-conf1  # text8b-gpus1 with CONFIDENCE on (text8b-confN: text8b-gpusN's GPUs);
+#                                           # KIT_PARAMS='{"ENGINE": {"replicas_per_gpu": 3}}' adds parameters to
+#                                           # any text step run through kit_alone
 #   bash benchmarks/on_gpu.sh logprobs      # one vllm.LLM engine, 8B shape, GPU 0: each way of asking for
 #                                           # log-probabilities (benchmarks/bench_logprobs.py), ROWS prompts each
 #   bash benchmarks/on_gpu.sh vlm-engine    # one vllm.LLM engine of the offline VLM with the engine arguments
@@ -109,6 +111,7 @@ import bench_pipeline as b
 from helpers import config
 from helpers.presets import GIB
 work, model, rows, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+extra.update(json.loads(os.environ.get("KIT_PARAMS") or "{}"))  # more parameters for one run, e.g. its ENGINE
 devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
 settings = b.run_settings("text", {"MODEL_SOURCE": model, **extra})
 csv = work.parent / f"input-{rows}" / "companies.csv"

@@ -307,6 +307,19 @@ def _parameters_and_preprocess(name: str) -> str:
     return parameters + "\n" + ast.get_source_segment(prompt_cell, function)
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # one engine on 8 prompts, three ways (outside CI's hour)
+def test_the_logprobs_benchmark_measures_each_variant_and_the_same_confidence_undecoded(tmp_path, repo):
+    done = subprocess.run([sys.executable, "benchmarks/bench_logprobs.py", "--rows", "8", "--variants", "off,k20,k20-raw",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=repo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if line.split(":")[0] in ("off", "k20", "k20-raw")}
+    assert all("8 rows in" in line and "every answer a label: True" in line for line in lines.values()), lines
+    table = {line.split()[0]: line.split() for line in done.stdout.split("variant", 1)[1].splitlines()[1:] if line.strip()}
+    assert float(table["k20-raw"][4]) == 0.0  # the same confidences as vLLM's decoded candidates give
+    assert "(8 of 8 rows with one)" in " ".join(table["k20-raw"])
+
+
 @pytest.mark.parametrize("confidence", [False, True])
 def test_the_raw_side_sends_the_requests_the_notebooks_preprocess_sends(confidence):
     """The raw vLLM side builds its requests with ``text_request`` / ``caption_request``; each notebook's
