@@ -15,8 +15,9 @@ labels share beyond it, and tokens outside the top ``k``, are ``confidence_unres
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -28,8 +29,7 @@ CONFIDENCE, RUNNER_UP, RUNNER_UP_CONFIDENCE, UNRESOLVED = "confidence", "runner_
 
 
 def check_prompt(labels: Any, task: Any, user_template: Any, temperature: Any, confidence: Any, review_below: Any) -> None:
-    """``LABELS``, ``TASK``, ``USER_TEMPLATE``, ``TEMPERATURE``, ``CONFIDENCE`` and ``REVIEW_BELOW``;
-    raise listing every problem."""
+    """``LABELS``, ``TASK``, ``USER_TEMPLATE``, ``TEMPERATURE``, ``CONFIDENCE``, ``REVIEW_BELOW``: raise listing every problem."""
     found = []
     if not (isinstance(labels, (list, tuple)) and len(labels) >= 2 and all(isinstance(x, str) and x.strip() for x in labels)):
         found.append(f"LABELS must be a list of at least two non-empty strings, got {labels!r}")
@@ -52,12 +52,8 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
     both ways, plus the end-of-sequence token. Too few, and answers come back cut ("Manufacturi")."""
     from helpers.config import tokenizer as load
 
-    tokenizer = load(plan) if hasattr(plan, "model_path") else plan
-
-    def count(s: str) -> int:
-        return len(tokenizer.encode(s, add_special_tokens=False))
-
-    return max(max(count(label), sum(count(ch) for ch in label)) for label in labels) + 1
+    encode = functools.partial((load(plan) if hasattr(plan, "model_path") else plan).encode, add_special_tokens=False)
+    return max(max(len(encode(label)), sum(len(encode(ch)) for ch in label)) for label in labels) + 1
 
 
 def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
@@ -134,13 +130,17 @@ def confidence(row: Mapping[str, Any], labels: Sequence[str], texts: Mapping[int
     return {CONFIDENCE: mass[chosen], RUNNER_UP: runner if second > 0 else None, RUNNER_UP_CONFIDENCE: second, UNRESOLVED: unresolved}
 
 
+def confidence_columns(plan: Any, labels: Sequence[str]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """:func:`confidence` as ``postprocess`` calls it, on a row alone: the labels' token texts read once."""
+    return functools.partial(confidence, labels=labels, texts=pieces(plan, labels))
+
+
 def above_thresholds(truth: pd.Series, predicted: pd.Series, conf: pd.Series,
                      thresholds: Sequence[float] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99)) -> pd.DataFrame:
     """For each threshold, the rows at least that confident: how many, their share and their accuracy."""
     known, rows = conf.notna(), []
     for t in thresholds:
-        kept = known & (conf >= t)
-        n = int(kept.sum())
+        n = int((kept := known & (conf >= t)).sum())
         rows.append({"confidence at least": t, "rows": n, "share of rows": n / max(int(known.sum()), 1),
                      "accuracy": float((truth[kept] == predicted[kept]).mean()) if n else float("nan")})
     return pd.DataFrame(rows).set_index("confidence at least")
@@ -166,8 +166,7 @@ def plot_reliability(table: pd.DataFrame, path=None, title: str = "Confidence ag
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="calibrated")
     ax.plot(shown["mean confidence"], shown["accuracy"], marker="o", label="this run")
     for _, row in shown.iterrows():
-        ax.annotate(f"{int(row['rows'])}", (row["mean confidence"], row["accuracy"]), textcoords="offset points",
-                    xytext=(4, -10), fontsize=8)
+        ax.annotate(f"{int(row['rows'])}", (row["mean confidence"], row["accuracy"]), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (mean per bin; rows per bin marked)", ylabel="accuracy", title=title)
     ax.legend(loc="upper left")
     fig.tight_layout()

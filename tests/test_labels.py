@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -121,6 +122,10 @@ def test_the_label_pieces_are_every_token_a_label_can_be_spelled_with_and_the_sp
     assert all(texts[i] == "" for i in tokenizer.all_special_ids) and texts[tokenizer.convert_tokens_to_ids("<|im_end|>")] == ""
     assert tokenizer.encode(" the", add_special_tokens=False)[0] not in texts
     assert all(text == "" or any(text in label for label in LABELS) for text in texts.values())
+    columns = labels.confidence_columns(tokenizer, LABELS)  # what the notebook's postprocess calls, shipped by Ray
+    ids = tokenizer.encode("Retail", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    row = {"generated_tokens": ids, "logprobs": [{i: {"logprob": 0.0}} for i in ids]}
+    assert pickle.loads(pickle.dumps(columns))(row) == labels.confidence(row, LABELS, texts) != labels.confidence(row, LABELS, {})
 
 
 def test_review_thresholds_reliability_and_the_distribution():
