@@ -62,7 +62,10 @@ def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
     from helpers.config import tokenizer as load
 
     tokenizer = load(plan) if hasattr(plan, "model_path") else plan
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    raw = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    # A SentencePiece token decoded alone loses its leading spaces ("▁Estate" -> "Estate"): put back, as vLLM does.
+    texts = [" " * max(0, len(r or "") - len((r or "").lstrip("▁")) - len(t) + len(t.lstrip(" "))) + t for r, t in
+             zip(raw, tokenizer.batch_decode([[i] for i in range(len(raw))], skip_special_tokens=True))]
     return {i: text for i, text in enumerate(texts) if not text or any(text in label for label in labels)}
 
 
@@ -70,12 +73,9 @@ def _steps(logprobs, texts: Mapping[int, str]) -> list[dict[int, tuple[float, st
     """Each step's ``{token id: (logprob, its text or None)}`` however Ray carried them (keys, None entries)."""
     steps = []
     for step in logprobs:
-        entries = {}
-        for token, entry in dict(step).items():
-            lp = None if entry is None else entry.get("logprob")
-            if lp is not None and not math.isnan(lp) and lp != -math.inf:  # a masked token: probability 0
-                entries[int(token)] = (float(lp), texts.get(int(token)))
-        steps.append(entries)
+        found = {int(token): (entry or {}).get("logprob") for token, entry in dict(step).items()}
+        steps.append({t: (float(lp), texts.get(t)) for t, lp in found.items()  # -inf: a masked token, probability 0
+                      if lp is not None and not math.isnan(lp) and lp != -math.inf})
     return steps
 
 

@@ -122,6 +122,13 @@ def test_the_label_pieces_are_every_token_a_label_can_be_spelled_with_and_the_sp
     assert all(texts[i] == "" for i in tokenizer.all_special_ids) and texts[tokenizer.convert_tokens_to_ids("<|im_end|>")] == ""
     assert tokenizer.encode(" the", add_special_tokens=False)[0] not in texts
     assert all(text == "" or any(text in label for label in LABELS) for text in texts.values())
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "▁Real": 1, "▁Estate": 2, "▁": 3, "Re": 4}, unk_token="<unk>"))
+    words.pre_tokenizer, words.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    spm = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>")  # a SentencePiece vocabulary, as Llama 2's
+    assert spm.decode([2]) == "Estate" and labels.pieces(spm, LABELS) == {0: "", 2: " Estate", 3: " ", 4: "Re"}
     columns = labels.confidence_columns(tokenizer, LABELS)  # what the notebook's postprocess calls, shipped by Ray
     ids = tokenizer.encode("Retail", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     row = {"generated_tokens": ids, "logprobs": [{i: {"logprob": 0.0}} for i in ids]}
