@@ -54,8 +54,9 @@
 #                                           # any text step run through kit_alone
 #   bash benchmarks/on_gpu.sh logprobs      # one vllm.LLM engine, 8B shape, GPU 0: each way of asking for
 #                                           # log-probabilities (benchmarks/bench_logprobs.py), ROWS prompts each
-#   bash benchmarks/on_gpu.sh vlm-engine    # one vllm.LLM engine of the offline VLM with the engine arguments
-#                                           # the captioning notebook's "auto" gives it on GPU 0, one caption
+#   bash benchmarks/on_gpu.sh vlm-engine    # one vllm.LLM engine of the offline VLM on GPU 0, 4 small images, with the
+#                                           # engine arguments and requests of the captioning notebook (bench_pipeline's
+#                                           # raw side)
 #   bash benchmarks/on_gpu.sh vl3b-gpus2    # captions: 10,000 small images (IMAGES), 3B VL shape, GPUs 0,1, auto
 #   bash benchmarks/on_gpu.sh twonode8b     # two Ray nodes on this host (GPU 0 the head's, GPU 1 the worker's, in
 #                                           # a mount namespace of its own), the text notebook joining them (RAY_ADDRESS)
@@ -86,7 +87,7 @@ export VLLM_LOGGING_LEVEL=INFO
 # A model's folder with random weights (built once, a few seconds; benchmarks/random_weights.py).
 shape() { python3 benchmarks/random_weights.py "$1"; }
 case "$step" in  # the folders the step loads, built before its timeline starts
-  prep*|importtime|gpu-detect|smol|notebooks) ;;
+  prep*|importtime|gpu-detect|smol|notebooks|vlm-engine) ;;
   vl3b*) qwen=$(shape Qwen/Qwen2.5-VL-3B-Instruct) ;;
   text70b*) llama70=$(shape meta-llama/Llama-3.1-70B-Instruct) ;;
   *) llama=$(shape unsloth/Llama-3.1-8B-Instruct) ;;
@@ -413,22 +414,10 @@ PY
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/conf$n "$llama" "${ROWS:-100000}" '{"CONFIDENCE": true}' ;;
     logprobs) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_logprobs.py --model "$llama" --rows "${ROWS:-20000}" \
         --profile k20 --out "$out/logprobs" ;;
-    # The offline VLM's engine alone, with the arguments "auto" gives it here: an engine that fails to
-    # start says why in this log (in a notebook the reason is in Ray's worker logs).
-    vlm-engine) CUDA_VISIBLE_DEVICES=0 python3 - <<'PY'
-import numpy as np
-from PIL import Image
-from vllm import LLM, SamplingParams
-from helpers import config
-plan = config.fit("vision", "auto", None, {})
-print(f"engine arguments: {plan.engine_args}", flush=True)
-llm = LLM(model=plan.model_path, **plan.engine_args, limit_mm_per_prompt={"image": 1})
-image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (224, 224, 3), dtype=np.uint8))
-out = llm.chat([{"role": "user", "content": [{"type": "text", "text": "Describe the image."},
-                                              {"type": "image_pil", "image_pil": image}]}], SamplingParams(max_tokens=8))
-print(f"caption tokens: {out[0].outputs[0].token_ids}")
-PY
-      ;;
+    # The offline VLM's engine alone (bench_pipeline's raw side: one vllm.LLM in a process of its own with the
+    # notebook's engine arguments and requests): an engine that fails to start says why in this log (in a
+    # notebook the reason is in Ray's worker logs).
+    vlm-engine) CUDA_VISIBLE_DEVICES=0 bench --task caption --images 4 --photos small --side raw --workdir $work/vlm-engine ;;
     # Captions on GPUs 0,1: 10,000 small images (IMAGES), the 3B VL shape, auto.
     vl3b-gpus2) CUDA_VISIBLE_DEVICES=0,1 caption_alone $work/vl2/kit "$qwen" "${IMAGES:-10000}" '{}' ;;
     # Two Ray nodes on this host: a head with GPU 0 and a worker with GPU 1 in a mount namespace of its own
