@@ -17,16 +17,12 @@ from helpers.presets import (CPU_PRESET, DEFAULT_GPU_PRESET, GIB, GPUS, OFFLINE,
                              memory_budget, model_shape, names)
 
 
-def _pair(v: Any) -> bool:
-    v = literal(v)
-    return (is_int(v) and v >= 1) or (isinstance(v, (list, tuple)) and len(v) == 2 and all(is_int(x) for x in v)
-                                       and 1 <= v[0] <= v[1])
-
-
 #: What ``ENGINE`` may set: the preset's fields, each with its check.
 ENGINE_KEYS = {
     "accelerator_type": lambda v: v is None or (isinstance(v, str) and bool(v)),
-    "concurrency": _pair, "replicas_per_gpu": lambda v: is_int(v) and 1 <= v <= 8,
+    "concurrency": lambda v: (is_int(v) and v >= 1) or (isinstance(v, (list, tuple)) and len(v) == 2  # n, or (min, max)
+                                                       and all(is_int(x) for x in v) and 1 <= v[0] <= v[1]),
+    "replicas_per_gpu": lambda v: is_int(v) and 1 <= v <= 8,
     **dict.fromkeys(("batch_size", "max_model_len", "num_blocks", "max_concurrent_batches", "max_num_seqs",
                      "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size"), lambda v: is_int(v) and v >= 1),
     "startup_timeout_s": lambda v: is_int(v) and v >= 10,
@@ -75,17 +71,10 @@ def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any =
         chosen = _auto(task, seen, given)
     else:
         chosen = PRESETS[preset]
-    plan = chosen.override(**given, given=tuple(given))
-    if plan.world > 1 and plan.replicas_per_gpu > 1:
-        raise ConfigurationError(f"replicas_per_gpu={plan.replicas_per_gpu}: a replica over {plan.world} GPUs "
-                                 "(tensor or pipeline parallelism) cannot share them")
-    if plan.task == "vision" and plan.tokenize_stage:
-        raise ConfigurationError("tokenize_stage is for text: vLLM places an image's tokens itself")
     whole = getattr(source, "rows", None)
     rows = min(filter(None, (whole, limit)), default=None)
     estimated = bool(rows and rows == whole != limit and getattr(source, "rows_basis", "").startswith("estimated"))
-    known = None if estimated else rows  # short-run choices only on rows known before reading
-    plan = _decide(plan, set(given), known).override(rows=rows, rows_estimated=estimated)
+    plan = _settle(chosen, given, rows, estimated)
     plan = plan.override(model_path=models.resolve(plan.model_source, task))
     print(f"preset {plan.name}: {plan.description}\nmodel: {plan.model_path}")
     for warning in check(plan, rows=rows):
@@ -93,8 +82,8 @@ def fit(task: str, preset: Any, model_source: Any, engine: Any, *, source: Any =
     return plan
 
 
-def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Preset:
-    """The task's GPU preset fitted to ``seen`` (the offline CPU preset where there is no GPU here)."""
+def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any], context: int | None = None) -> Preset:
+    """The task's GPU preset fitted to ``seen`` and requests of ``context`` tokens (None: the preset's); no GPU: the CPU's."""
     gpus = cluster.choose(seen, given.get("accelerator_type"))
     if gpus.count == 0:
         if given.get("accelerator_type") and seen.get("GPU"):
@@ -107,6 +96,7 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
                 f"nodes have) and 'auto' asks the autoscaler for them, or name a preset such as {DEFAULT_GPU_PRESET[task]!r}")
         return PRESETS[CPU_PRESET[task]].override(description="auto: no GPU visible, so the offline CPU preset")
     base = PRESETS[DEFAULT_GPU_PRESET[task]]
+    base = base.override(max_model_len=context) if context else base
     model = given.get("model_source") or base.model_source  # the offline model is fitted as the tutorial's
     memory = gpus.memory_gib or min(g.memory_gib for g in GPUS.values())
     reasons = {"accelerator_type": f"planned for {gpus.describe()}"}
@@ -126,7 +116,7 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
                        replicas_per_gpu="a replica spans several GPUs")
     elif "replicas_per_gpu" not in given and shape and 4 * shape.weight_bytes() <= budget and base.max_model_len <= 1024:
         share = 2  # measured on an H100: 2 engines 1.69x one raw engine (8B text), 2.46x (3B captions); 3: 1.34x
-        reasons["replicas_per_gpu"] = ("short requests leave one engine's CPU side (scheduling, grammar masks) the "
+        reasons["replicas_per_gpu"] = ("short requests leave one engine's CPU side (scheduling, grammar masks, images) the "
                                        "bottleneck, and two copies of the weights fit")
     replicas = gpus.replicas(tp) * share
     reasons["concurrency"] = f"{gpus.replicas(tp)} replicas of {tp} GPUs" if tp > 1 else f"{share} per GPU on {gpus.count} GPUs"
@@ -136,7 +126,7 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
     if shape is not None:
         trial = base.override(model_source=model, accelerator_type=gpus.gpu_type, tensor_parallel_size=tp,
                               replicas_per_gpu=share, gpu_memory_gib=memory)
-        seqs = _power_of_two(seqs, trial.full_sequences)
+        seqs = max(1, min(seqs, 2 ** int(math.log2(max(trial.full_sequences, 1)))))  # a power of two that fits
         reasons["max_num_seqs"] = (f"~{trial.kv_bytes / GIB:.1f} GiB of KV cache per replica holds {trial.full_sequences} "
                                    "full-length sequences")
     # Ray's engine stage admits 1.1 x max_num_seqs requests: keep twice that many rows queued per replica.
@@ -146,13 +136,20 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any]) -> Prese
     return base.override(name=f"auto ({gpus.count}x{gpus.gpu_type})", model_source=OFFLINE if "model_source" not in given else model,
                          accelerator_type=gpus.gpu_type, concurrency=replicas, tensor_parallel_size=tp, replicas_per_gpu=share,
                          gpu_memory_gib=gpus.memory_gib if gpus.memory_basis == "measured" else None, max_num_seqs=seqs,
-                         max_num_batched_tokens=step, max_concurrent_batches=batches,
+                         max_num_batched_tokens=step, max_concurrent_batches=batches, fitted_to=seen,
                          description=f"auto: {gpus.count} x {gpus.gpu_type}, from {base.name}", reasons=tuple(reasons.items()))
 
 
-def _power_of_two(cap: int, fits: int) -> int:
-    """The largest power of two at most ``fits`` and ``cap`` (at least 1)."""
-    return max(1, min(cap, 2 ** int(math.log2(max(fits, 1)))))
+def _settle(chosen: Preset, given: Mapping[str, Any], rows: int | None, estimated: bool) -> Preset:
+    """``chosen`` with your ``ENGINE`` on top (refused where they contradict), and the kit's choices for ``rows``."""
+    plan = chosen.override(**given, given=tuple(given))
+    if plan.world > 1 and plan.replicas_per_gpu > 1:
+        raise ConfigurationError(f"replicas_per_gpu={plan.replicas_per_gpu}: a replica over {plan.world} GPUs "
+                                 "(tensor or pipeline parallelism) cannot share them")
+    if plan.task == "vision" and plan.tokenize_stage:
+        raise ConfigurationError("tokenize_stage is for text: vLLM places an image's tokens itself")
+    known = None if estimated else rows  # short-run choices only on rows known before reading
+    return _decide(plan, set(given), known).override(rows=rows, rows_estimated=estimated)
 
 
 def _cpu_dtype() -> tuple[str, str]:
@@ -167,9 +164,8 @@ def _cpu_dtype() -> tuple[str, str]:
     return "float32", "this CPU has no bfloat16 instructions: float32 runs several times faster"
 
 
-#: A GPU run of at most this many rows runs eagerly: graph capture did not pay for itself (H100:
-#: 23 s of a 157 s pipeline for 24 images). A CPU run of at most these runs in vLLM's own process
-#: (~18 s sooner to start on 2 cores, slower to compute).
+#: Runs of at most these rows: on a GPU, eager (CUDA-graph capture took 23 s of a 157 s H100 pipeline for 24
+#: images); on a CPU, the model in vLLM's engine process (~18 s sooner to start on 2 cores, slower to compute).
 SHORT_GPU_ROWS, ONE_PROCESS_ROWS = 1_000, {"text": 100, "vision": 30}
 
 
@@ -293,7 +289,7 @@ def request_tokens(p: Preset, request: Mapping[str, Any]) -> int:
 def fit_context(p: Preset, requests: Sequence[Mapping[str, Any]], quantile: float = 0.99) -> Preset:
     """``max_model_len`` from the requests your ``preprocess`` sends (their ``quantile``, the answer
     included, rounded up to 64): spare context costs KV cache, too little fails rows. Yours (``ENGINE``)
-    is kept, or refused if too short; "auto" fits its sequences to the new length."""
+    is kept, or refused if too short; "auto" plans the GPUs again for it (engines per GPU, sequences)."""
     if not requests:
         return p
     lengths = sorted(request_tokens(p, r) for r in requests)
@@ -308,10 +304,13 @@ def fit_context(p: Preset, requests: Sequence[Mapping[str, Any]], quantile: floa
     length = -(-needed // 64) * 64
     if length == p.max_model_len:
         return p
-    reasons = (*p.reasons, ("max_model_len", f"P{quantile * 100:g} of your requests ({needed} tokens), rounded up to 64"))
-    fitted = p.override(max_model_len=length, reasons=reasons)
-    if p.name.startswith("auto") and fitted.full_sequences is not None:
-        cap = engine_defaults(p.accelerator_type, fitted.gpu_memory)[1] // p.replicas_per_gpu
-        fitted = fitted.override(max_num_seqs=_power_of_two(cap, fitted.full_sequences))
+    fitted = p.override(max_model_len=length)
+    if p.fitted_to is not None:  # "auto": short requests may now take two engines per GPU (captions: 8192 -> 192)
+        given = {name: getattr(p, name) for name in p.given}
+        fitted = _settle(_auto(p.task, p.fitted_to, given, length), given, p.rows, p.rows_estimated).override(model_path=p.model_path)
+        if fitted.actor_pool != p.actor_pool:
+            print(f"auto, for requests of {length} tokens: {fitted.replicas} engines, {fitted.replicas_per_gpu} per GPU")
+    why = f"P{quantile * 100:g} of your requests ({needed} tokens), rounded up to 64"
+    fitted = fitted.override(reasons=(*fitted.reasons, ("max_model_len", why)))
     check(fitted)
     return fitted

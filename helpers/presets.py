@@ -162,6 +162,7 @@ class Preset:
     max_tasks_in_flight_per_actor: int | None = None
     one_process: bool = False
     gpu_memory_gib: float | None = None  # measured; None: the GPU table's
+    fitted_to: Any = None  # "auto" on GPUs: the cluster it was planned for, planned again by config.fit_context
     model_path: str = ""  # what vLLM loads, once the model source is prepared
     rows: int | None = None  # rows the run reads: LIMIT, or the input's where known
     rows_estimated: bool = False  # the input's rows were estimated from a sample
