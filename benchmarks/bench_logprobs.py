@@ -9,6 +9,8 @@ Variants (``--variants``, in order; ``off`` twice brackets the rest so a driftin
 - ``k20``: ``logprobs=20``, vLLM decoding every candidate (the kit before this benchmark).
 - ``k20-raw``: ``logprobs=20``, ``detokenize=False`` (the notebook's request: the labels' token texts
   come from ``labels.pieces``, Ray's detokenize stage decodes the answer).
+- ``k20-flat``: ``k20-raw`` with ``flat_logprobs=True`` (vLLM keeps each request's candidates in a few
+  flat lists instead of a ``Logprob`` object per candidate; Ray's stage reads them as before).
 - ``k5-raw``, ``k1-raw``: 5 and 1 candidates, not decoded.
 
 Per variant: rows/s over ``LLM.chat`` plus Ray's conversion, each GPU's busy share (nvidia-smi), and
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_pipeline as b  # noqa: E402  (the notebook's requests and settings)
 
 VARIANTS = {"off": {}, "k20": {"logprobs": 20}, "k20-raw": {"logprobs": 20, "detokenize": False},
+            "k20-flat": {"logprobs": 20, "detokenize": False, "flat_logprobs": True},
             "k5-raw": {"logprobs": 5, "detokenize": False}, "k1-raw": {"logprobs": 1, "detokenize": False}}
 
 
@@ -40,7 +43,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=200)
     ap.add_argument("--model", default=None, help="MODEL_SOURCE (a folder); default: the offline SmolLM2")
-    ap.add_argument("--variants", default="off,k20,k20-raw,k5-raw,k1-raw,off")
+    ap.add_argument("--variants", default="off,k20,k20-raw,k20-flat,k5-raw,k1-raw,off")
     ap.add_argument("--profile", default=None, help="a variant to record with py-spy")
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_logprobs"))
     args = ap.parse_args()
