@@ -13,7 +13,9 @@ Variants (``--variants``, in order; ``off`` twice brackets the rest so a driftin
   flat lists instead of a ``Logprob`` object per candidate; Ray's stage reads them as before).
 - ``k5-raw``, ``k1-raw``: 5 and 1 candidates, not decoded.
 
-Per variant: rows/s over ``LLM.chat`` plus Ray's conversion, each GPU's busy share (nvidia-smi), and
+Per variant: rows/s over ``LLM.chat`` plus Ray's conversion, this process's CPU per row (vLLM's frontend
+and Ray's conversion: what a Ray engine actor spends; the least of a variant's runs), each GPU's busy
+share (nvidia-smi), and
 the confidence the kit computes beside ``k20``'s on the same rows (mean absolute difference, the mean
 unresolved mass). ``--profile VARIANT`` records that variant's processes with py-spy (the driver and
 vLLM's engine core) into ``--out``. Run on the GPU machine (``on_gpu.sh logprobs``) or here:
@@ -85,24 +87,29 @@ def main() -> int:
                 spy = subprocess.Popen([py_spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--nonblocking",
                                         "-d", "20", "-r", "50", "-f", "raw", "-o", str(args.out / f"pyspy-{name}.txt")],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-            t0, at = time.perf_counter(), time.time()
+            t0, at, cpu0 = time.perf_counter(), time.time(), time.process_time()
             outputs = llm.chat([r["messages"] for r in requests], sampling, use_tqdm=False)
             rows = [vLLMOutputData.from_vllm_engine_output(o).model_dump() for o in outputs]  # Ray's engine stage
             seconds, until = time.perf_counter() - t0, time.time()
+            # This process's CPU (vLLM's frontend: requests in, outputs and their log-probabilities out; Ray's
+            # conversion), not the engine core's: the share a Ray engine actor spends per row.
+            frontend_ms = 1000 * (time.process_time() - cpu0) / len(rows)
             if spy:
                 spy.wait(timeout=120)
             answers = [r["generated_text"] or tokenizer.decode(r["generated_tokens"], skip_special_tokens=True) for r in rows]
             conf = [labels.confidence(r, params["LABELS"], pieces) for r in rows] if VARIANTS[name] else None
             busy = " ".join(f"GPU{i} {u:.0f}%" for i, (u, _, _) in gpu.busy(at, until).items()) or "no GPU"
-            seen.setdefault(name, {"rates": []})["rates"].append(len(rows) / seconds)
+            seen.setdefault(name, {"rates": [], "frontend": []})["rates"].append(len(rows) / seconds)
+            seen[name]["frontend"].append(frontend_ms)
             seen[name].update(answers=answers, conf=conf)
-            print(f"{name}: {len(rows):,} rows in {seconds:.1f} s, {len(rows) / seconds:,.0f} rows/s; {busy}; "
+            print(f"{name}: {len(rows):,} rows in {seconds:.1f} s, {len(rows) / seconds:,.0f} rows/s, frontend CPU "
+                  f"{frontend_ms:.2f} ms/row; {busy}; "
                   f"every answer a label: {all(a.strip() in params['LABELS'] for a in answers)}", flush=True)
     off = sum(seen["off"]["rates"]) / len(seen["off"]["rates"]) if "off" in seen else float("nan")
-    print(f"\n{'variant':10} {'rows/s':>8} {'x off':>6} {'conf mean':>9} {'|d| vs k20':>10} {'unresolved':>10}")
+    print(f"\n{'variant':10} {'rows/s':>8} {'x off':>6} {'frontend ms/row':>15} {'conf mean':>9} {'|d| vs k20':>10} {'unresolved':>10}")
     for name, s in seen.items():
         rate = sum(s["rates"]) / len(s["rates"])
-        line = f"{name:10} {rate:8.0f} {rate / off:6.2f}"
+        line = f"{name:10} {rate:8.0f} {rate / off:6.2f} {min(s['frontend']):15.2f}"  # the least: the noise adds
         if s["conf"]:
             c = [x["confidence"] for x in s["conf"]]
             known = [x for x in c if x is not None]

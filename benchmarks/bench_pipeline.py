@@ -143,7 +143,7 @@ def text_request(text: str, p: dict[str, Any], max_tokens: int) -> dict[str, Any
             "sampling_params": {"temperature": p["TEMPERATURE"], "max_tokens": max_tokens,
                                 "structured_outputs": {"choice": p["LABELS"]},
                                 "logprobs": TOP_LOGPROBS if p["CONFIDENCE"] else None,
-                                "detokenize": not p["CONFIDENCE"]}}
+                                "detokenize": not p["CONFIDENCE"], "flat_logprobs": p["CONFIDENCE"]}}
 
 
 def caption_request(image: Any, p: dict[str, Any]) -> dict[str, Any]:

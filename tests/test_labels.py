@@ -168,8 +168,9 @@ def main():
         def chat(**sampling):
             return llm.chat(messages, SamplingParams(max_tokens=max_tokens, structured_outputs=choice, **sampling), use_tqdm=False)
         texts = labels.pieces(llm.get_tokenizer(), choices)
-        # The notebook's request: vLLM decodes nothing, Ray's detokenize stage the answer (as here).
-        kit = chat(temperature=0.0, logprobs=labels.TOP_LOGPROBS, detokenize=False)
+        # The notebook's request: vLLM decodes nothing (Ray's detokenize stage the answer, as here) and keeps
+        # the candidates in flat lists, which Ray's conversion reads as it reads vLLM's usual ones.
+        kit = chat(temperature=0.0, logprobs=labels.TOP_LOGPROBS, detokenize=False, flat_logprobs=True)
         full = chat(temperature=0.0, logprobs=p["FULL"])
         sampled = chat(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, n=p["SAMPLES"], seed=0)
         for name, k, f, s in zip(names, kit, full, sampled):

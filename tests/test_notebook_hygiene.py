@@ -72,14 +72,17 @@ def test_processor_skips_engine_metrics_and_keeps_failed_rows(path):
     H100 at 600 rows/s (benchmarks/RESULTS.md). The notebooks turn it off, and keep rows that fail.
     Text tokenizes in a stage of its own where the preset says so (a GPU); images never do (vLLM
     places the image tokens). vLLM decodes as it generates, except with ``CONFIDENCE``: then it would
-    decode 20 candidates a token, so the request says ``"detokenize": False`` and Ray's stage decodes."""
+    decode 20 candidates a token, so the request says ``"detokenize": False`` and Ray's stage decodes; and
+    ``"flat_logprobs"``: vLLM then makes no object per candidate (frontend CPU per row with confidence
+    2.34 -> 2.09 ms on a 2-core CPU, without it 1.20; benchmarks/bench_logprobs.py)."""
     keywords = _processor_config_keywords(path)
     assert keywords["log_engine_metrics"] is False
     assert keywords["should_continue_on_error"] is True
     if path.name.startswith("text"):
         assert keywords["tokenize_stage"] == "{'enabled': plan.tokenize_stage, 'num_cpus': plan.stage_cpus}"
         assert keywords["detokenize_stage"] == "{'enabled': CONFIDENCE, 'num_cpus': plan.stage_cpus}"
-        assert '"detokenize": not CONFIDENCE' in path.read_text().replace('\\"', '"')
+        text = path.read_text().replace('\\"', '"')
+        assert '"detokenize": not CONFIDENCE' in text and '"flat_logprobs": CONFIDENCE' in text
     else:
         assert keywords["tokenize_stage"] is False and keywords["detokenize_stage"] is False
 
