@@ -308,16 +308,18 @@ def _parameters_and_preprocess(name: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # one engine on 8 prompts, three ways (outside CI's hour)
+@pytest.mark.extended  # one engine on 8 prompts, four ways (outside CI's hour)
 def test_the_logprobs_benchmark_measures_each_variant_and_the_same_confidence_undecoded(tmp_path, repo):
-    done = subprocess.run([sys.executable, "benchmarks/bench_logprobs.py", "--rows", "8", "--variants", "off,k20,k20-raw",
+    names = ("off", "k20", "k20-raw", "k20-flat")
+    done = subprocess.run([sys.executable, "benchmarks/bench_logprobs.py", "--rows", "8", "--variants", ",".join(names),
                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=repo)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if line.split(":")[0] in ("off", "k20", "k20-raw")}
+    lines = {line.split(":")[0]: line for line in done.stdout.splitlines() if line.split(":")[0] in names}
     assert all("8 rows in" in line and "every answer a label: True" in line for line in lines.values()), lines
     table = {line.split()[0]: line.split() for line in done.stdout.split("variant", 1)[1].splitlines()[1:] if line.strip()}
-    assert float(table["k20-raw"][4]) == 0.0  # the same confidences as vLLM's decoded candidates give
-    assert "(8 of 8 rows with one)" in " ".join(table["k20-raw"])
+    assert all(float(table[name][3]) > 0 for name in names)  # this process's CPU per row
+    for name in ("k20-raw", "k20-flat"):  # the same confidences as vLLM's decoded candidates give
+        assert float(table[name][5]) == 0.0 and "(8 of 8 rows with one)" in " ".join(table[name])
 
 
 @pytest.mark.parametrize("confidence", [False, True])
