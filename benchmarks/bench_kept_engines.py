@@ -1,0 +1,202 @@
+"""Engines kept between runs (Ray Serve LLM) against the kit's per-run engines (Ray Data LLM's vLLM
+processor), on the text notebook's plan and requests, in one process and one Ray session:
+
+- ``per-run``: the notebook's ``vLLMEngineProcessorConfig``: each run starts its engines.
+- ``kept``: the same engine arguments in a Ray Serve LLM deployment (``LLMConfig``, no HTTP proxy),
+  started once, driven by Ray Data LLM's ``ServeDeploymentProcessorConfig``; then short re-runs with the
+  prompt changed, each timed to its first and last result.
+
+Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
+run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
+requests go as plain dicts (``--requests dict``, the default: the deployment's ``chat`` builds vLLM's
+``ChatCompletionRequest`` itself) or as that class (``--requests class``): Ray Data's stage actor then
+imports vLLM's OpenAI layer in every run, 15 s of a 2-core CPU's re-run.
+
+    python benchmarks/bench_kept_engines.py --rows 100000 --sides per-run,kept   # on a GPU, 8B shape:
+        # MODEL_SOURCE from random_weights (bench_pipeline.run_settings loads it with dummy weights)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_pipeline as b  # noqa: E402
+
+NAME = "kit-text"  # the deployment's and the application's name
+
+
+def openai_request(request: dict[str, Any]) -> dict[str, Any]:
+    """The kit's request (``messages`` and vLLM's ``sampling_params``) as an OpenAI chat request."""
+    sampling = request["sampling_params"]
+    out = {"model": NAME, "messages": request["messages"], "temperature": sampling["temperature"],
+           "max_tokens": sampling["max_tokens"], "structured_outputs": sampling["structured_outputs"]}
+    if sampling.get("logprobs"):
+        out.update(logprobs=True, top_logprobs=sampling["logprobs"])
+    return out
+
+
+def rate(marks: list[tuple[float, int]]) -> tuple[float, float, float]:
+    """Rows per second between 20% and 90% of the rows, and that span's start and end (wall clock)."""
+    total = marks[-1][1]
+    lo = next(m for m in marks if m[1] >= 0.2 * total)
+    hi = next(m for m in marks if m[1] >= 0.9 * total)
+    return ((hi[1] - lo[1]) / (hi[0] - lo[0]) if hi[0] > lo[0] else float("nan")), lo[0], hi[0]
+
+
+def consume(ds, answer_of) -> dict[str, Any]:
+    """Every row of ``ds`` pulled to this process: (time, rows so far) per batch, answers, errors."""
+    start, marks, answers, errors = time.time(), [], {}, []
+    for batch in ds.iter_batches(batch_size=None, batch_format="pandas"):
+        for row in batch.to_dict("records"):
+            if row.get("__inference_error__"):
+                errors.append(str(row["__inference_error__"])[:200])
+            else:
+                answers[row["key"]] = answer_of(row)
+        marks.append((time.time(), len(answers) + len(errors)))
+    return {"start": start, "marks": marks, "answers": answers, "errors": errors}
+
+
+def per_run_processor(plan: Any, env: dict[str, str], request_of):
+    """The text notebook's processor cell (CONFIDENCE off)."""
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    config = vLLMEngineProcessorConfig(
+        model_source=plan.model_path, engine_kwargs=plan.engine_args, batch_size=plan.batch_size,
+        max_concurrent_batches=plan.max_concurrent_batches, max_tasks_in_flight_per_actor=plan.max_tasks_in_flight_per_actor,
+        concurrency=plan.actor_pool, tokenize_stage={"enabled": plan.tokenize_stage, "num_cpus": plan.stage_cpus},
+        detokenize_stage={"enabled": False, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
+        log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **plan.placement)
+    return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]},
+                           postprocess=lambda row: {"key": row["key"], "answer": row["generated_text"]},
+                           preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
+
+
+def deploy(plan: Any, env: dict[str, str]) -> float:
+    """The plan's engines as one Ray Serve LLM application (a replica per engine, placed as the processor
+    places them), no HTTP proxy; seconds until it is ready."""
+    from ray import serve
+    from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
+
+    class DictServer(LLMServer):
+        """Takes chat requests as plain dicts, so Ray Data's stage never imports vLLM's OpenAI layer."""
+
+        async def chat(self, request, raw_request_info=None):
+            if isinstance(request, dict):
+                from ray.serve.llm.openai_api_models import ChatCompletionRequest
+
+                request = ChatCompletionRequest(**{k: v for k, v in request.items() if k != "idx_in_batch"})
+            return await super().chat(request, raw_request_info)
+
+    placement = plan.placement
+    bundles = placement.get("placement_group_config") or {"bundles": [{"GPU": plan.gpus_per_replica, "CPU": 1}]}
+    llm_config = LLMConfig(model_loading_config={"model_id": NAME, "model_source": plan.model_path},
+                           engine_kwargs=plan.engine_args, accelerator_type=placement["accelerator_type"],
+                           placement_group_config=bundles, runtime_env={"env_vars": env}, log_engine_metrics=False,
+                           deployment_config={"num_replicas": plan.replicas, "max_ongoing_requests": 100_000})
+    started = time.perf_counter()
+    serve.start(proxy_location="Disabled")
+    serve.run(build_llm_deployment(llm_config, override_serve_options={"name": NAME}, deployment_cls=DictServer),
+              name=NAME, route_prefix=None)
+    return time.perf_counter() - started
+
+
+def kept_processor(plan: Any, request_of, requests: str):
+    from ray.data.llm import ServeDeploymentProcessorConfig, build_processor
+
+    mapping = None
+    if requests == "class":
+        from ray.serve.llm.openai_api_models import ChatCompletionRequest
+
+        mapping = {"ChatCompletionRequest": ChatCompletionRequest}
+
+    def pre(row):
+        return {"method": "chat", "request_kwargs": openai_request(request_of(row)), "key": row["key"],
+                **({"dtype": "ChatCompletionRequest"} if mapping else {})}
+
+    config = ServeDeploymentProcessorConfig(deployment_name=NAME, app_name=NAME, **({"dtype_mapping": mapping} if mapping else {}),
+                                            batch_size=plan.batch_size, concurrency=plan.actor_pool,
+                                            should_continue_on_error=True)
+    return build_processor(config, preprocess=pre, postprocess=lambda row: {
+        "key": row["key"], "answer": (row.get("choices") or [{}])[0].get("message", {}).get("content"),
+        "__inference_error__": row.get("__inference_error__") or (json.dumps(row["error"], default=str) if row.get("error") else "")})
+
+
+def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
+    marks, start = seen["marks"], seen["start"]
+    steady, lo, hi = rate(marks) if marks else (float("nan"), start, start)
+    line = (f"{side}: {marks[-1][1] if marks else 0} rows ({len(seen['errors'])} errors) in {marks[-1][0] - start:.1f} s, "
+            f"first result at {marks[0][0] - start:.1f} s, steady {steady:.1f} rows/s")
+    print("RESULT " + line + (f"; errors e.g. {seen['errors'][:2]}" if seen["errors"] else ""), flush=True)
+    for gpu in b.gpu_lines(gpus.busy(lo, hi)):
+        print(f"  {side}, steady span, {gpu}")
+    return {"whole": marks[-1][0] - start if marks else float("nan"), "steady": steady, "answers": seen["answers"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=300)
+    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept")
+    parser.add_argument("--reruns", type=int, default=3, help="short runs on the kept engines after its long one")
+    parser.add_argument("--rerun-rows", type=int, default=30)
+    parser.add_argument("--requests", choices=("dict", "class"), default="dict")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_kept_engines"))
+    parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
+    args = parser.parse_args(argv)
+
+    import pandas as pd
+    import ray
+
+    from helpers import cluster, labels
+
+    csv = args.workdir / f"input-{args.rows}" / "companies.csv"
+    if not csv.exists():
+        b.text_input(args.rows, csv.parent)
+    setup = b.text_setup(csv, b.run_settings("text", json.loads(args.params)))
+    plan, params = setup.plan, setup.params
+    max_tokens = labels.max_tokens(plan, params["LABELS"])
+    print(f"{setup.name}; {args.rows:,} prompts; plan: {plan.replicas} engine(s), {plan.engine_args}", flush=True)
+    env = cluster.start(plan, False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    frame = pd.read_csv(csv)
+    rows = [{"key": str(k), "text": str(t)} for k, t in zip(frame[params["ID_COLUMN"]], frame[params["TEXT_COLUMN"]])]
+
+    def request_of(task: str):
+        return lambda row: b.text_request(row["text"], {**params, "TASK": task}, max_tokens)
+
+    def dataset(n: int):
+        return ray.data.from_items(rows[:n], override_num_blocks=max(1, min(plan.num_blocks, n)))
+
+    got: dict[str, dict[str, Any]] = {}
+    with b.GpuSampler() as gpus:
+        for side in args.sides.split(","):
+            if side == "per-run":
+                got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]))(dataset(len(rows))),
+                                                 lambda r: r["answer"]), gpus)
+            elif side == "kept":
+                print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
+                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests)(dataset(len(rows))),
+                                                 lambda r: r["answer"]), gpus)
+                for i in range(args.reruns):
+                    task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
+                    report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests)(
+                        dataset(args.rerun_rows)), lambda r: r["answer"]), gpus)
+            else:
+                raise SystemExit(f"unknown side {side!r}")
+    if {"per-run", "kept"} <= set(got):
+        a, k = got["per-run"], got["kept"]
+        same = sum(a["answers"].get(key) == answer for key, answer in k["answers"].items())
+        print(f"RATIO kept / per-run: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
+              f"(the deployment's start not counted); answers equal {same} of {len(k['answers'])}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
