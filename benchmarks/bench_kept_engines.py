@@ -9,8 +9,8 @@ processor), on the text notebook's plan and requests, in one process and one Ray
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
 requests go as plain dicts (``--requests dict``, the default: the deployment's ``chat`` builds vLLM's
-``ChatCompletionRequest`` itself) or as that class (``--requests class``): Ray Data's stage actor then
-imports vLLM's OpenAI layer in every run, 15 s of a 2-core CPU's re-run.
+``ChatCompletionRequest`` itself, and answers with dicts) or as that class (``--requests class``): Ray
+Data's stage actor then imports vLLM's OpenAI layer in every run, 15 s of a 2-core CPU's re-run.
 
     python benchmarks/bench_kept_engines.py --rows 100000 --sides per-run,kept   # on a GPU, 8B shape:
         # MODEL_SOURCE from random_weights (bench_pipeline.run_settings loads it with dummy weights)
@@ -44,7 +44,8 @@ def openai_request(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def rate(marks: list[tuple[float, int]]) -> tuple[float, float, float]:
-    """Rows per second between 20% and 90% of the rows, and that span's start and end (wall clock)."""
+    """Rows per second from the batch that reaches 20% of the rows to the one that reaches 90%, and
+    those two batches' times (wall clock)."""
     total = marks[-1][1]
     lo = next(m for m in marks if m[1] >= 0.2 * total)
     hi = next(m for m in marks if m[1] >= 0.9 * total)
@@ -86,14 +87,16 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
     from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
     class DictServer(LLMServer):
-        """Takes chat requests as plain dicts, so Ray Data's stage never imports vLLM's OpenAI layer."""
+        """Takes chat requests and gives answers as plain dicts: vLLM's request and response classes stay in
+        the replica (unpickling one imports vLLM's OpenAI layer: 9-15 s in each new caller on a 2-core CPU)."""
 
         async def chat(self, request, raw_request_info=None):
             if isinstance(request, dict):
                 from ray.serve.llm.openai_api_models import ChatCompletionRequest
 
                 request = ChatCompletionRequest(**{k: v for k, v in request.items() if k != "idx_in_batch"})
-            return await super().chat(request, raw_request_info)
+            async for answer in await super().chat(request, raw_request_info):
+                yield answer.model_dump() if hasattr(answer, "model_dump") else answer
 
     placement = plan.placement
     bundles = placement.get("placement_group_config") or {"bundles": [{"GPU": plan.gpus_per_replica, "CPU": 1}]}

@@ -349,6 +349,33 @@ def test_the_raw_side_sends_the_requests_the_notebooks_preprocess_sends(confiden
     assert sent == bench.caption_request(image, vision)
 
 
+@pytest.mark.parametrize("confidence", [False, True])
+def test_the_kept_engines_benchmark_sends_the_notebooks_request_as_an_openai_chat(confidence):
+    """The kept side asks Serve LLM's OpenAI ``chat`` for what the notebook's request asks vLLM: the same
+    messages, temperature, answer budget and choice constraint, and the same candidates."""
+    bench, kept = load_script("bench_pipeline", folder="benchmarks"), load_script("bench_kept_engines", folder="benchmarks")
+    params = {"TASK": "Classify.", "USER_TEMPLATE": "Company: {text}", "LABELS": ["A", "B"], "TEMPERATURE": 0.0,
+              "CONFIDENCE": confidence}
+    request = bench.text_request("Walmart", params, 8)
+    chat = kept.openai_request(request)
+    assert chat == {"model": kept.NAME, "messages": request["messages"], "temperature": 0.0, "max_tokens": 8,
+                    "structured_outputs": {"choice": ["A", "B"]}, **({"logprobs": True, "top_logprobs": 20} if confidence else {})}
+    marks = [(100.0 + t, rows) for t, rows in [(0, 10), (1, 20), (2, 40), (4, 80), (5, 100)]]
+    assert kept.rate(marks) == (20.0, 101.0, 105.0)  # from the batch reaching 20% to the one reaching 90%
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # a Serve LLM deployment and a short run on it (outside CI's hour)
+def test_the_kept_engines_benchmark_answers_every_row_through_the_deployment(tmp_path, repo):
+    done = subprocess.run([sys.executable, "benchmarks/bench_kept_engines.py", "--rows", "20", "--sides", "kept",
+                           "--reruns", "1", "--rerun-rows", "5", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=repo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert len(results) == 2 and "RESULT kept: 20 rows (0 errors)" in results[0], results
+    assert "RESULT kept re-run 1: 5 rows (0 errors)" in results[1], results
+
+
 def test_the_examples_are_the_notebooks():
     """The example row whose request the kit records in ``run.json`` (compared with raw's): the text
     notebook's ``{TEXT_COLUMN: "Walmart"}``; the captioning notebook's ``images.example``."""
