@@ -45,11 +45,12 @@ def openai_request(request: dict[str, Any]) -> dict[str, Any]:
 
 def rate(marks: list[tuple[float, int]]) -> tuple[float, float, float]:
     """Rows per second from the batch that reaches 20% of the rows to the one that reaches 90%, and
-    those two batches' times (wall clock)."""
+    those two batches' times (wall clock); not claimed (NaN) from fewer than 5 batches."""
     total = marks[-1][1]
     lo = next(m for m in marks if m[1] >= 0.2 * total)
     hi = next(m for m in marks if m[1] >= 0.9 * total)
-    return ((hi[1] - lo[1]) / (hi[0] - lo[0]) if hi[0] > lo[0] else float("nan")), lo[0], hi[0]
+    steady = (hi[1] - lo[1]) / (hi[0] - lo[0]) if len(marks) >= 5 and hi[0] > lo[0] else float("nan")
+    return steady, lo[0], hi[0]
 
 
 def consume(ds, answer_of) -> dict[str, Any]:
@@ -127,6 +128,8 @@ def kept_processor(plan: Any, request_of, requests: str):
     config = ServeDeploymentProcessorConfig(deployment_name=NAME, app_name=NAME, **({"dtype_mapping": mapping} if mapping else {}),
                                             batch_size=plan.batch_size, concurrency=plan.actor_pool,
                                             should_continue_on_error=True)
+    # No num_cpus for preprocess: fused into Serve's stage actor. Given its own, it stalled on 3 CPUs
+    # (the replica holds 2, the stage actor 1: benchmarks/RESULTS.md).
     return build_processor(config, preprocess=pre, postprocess=lambda row: {
         "key": row["key"], "answer": (row.get("choices") or [{}])[0].get("message", {}).get("content"),
         "__inference_error__": row.get("__inference_error__") or (json.dumps(row["error"], default=str) if row.get("error") else "")})

@@ -4,6 +4,7 @@ is checked against the kit's API instead."""
 
 import ast
 import json
+import math
 import os
 import re
 import subprocess
@@ -362,6 +363,7 @@ def test_the_kept_engines_benchmark_sends_the_notebooks_request_as_an_openai_cha
                     "structured_outputs": {"choice": ["A", "B"]}, **({"logprobs": True, "top_logprobs": 20} if confidence else {})}
     marks = [(100.0 + t, rows) for t, rows in [(0, 10), (1, 20), (2, 40), (4, 80), (5, 100)]]
     assert kept.rate(marks) == (20.0, 101.0, 105.0)  # from the batch reaching 20% to the one reaching 90%
+    assert math.isnan(kept.rate(marks[-3:])[0])  # three batches: no steady rate claimed
 
 
 @pytest.mark.slow
