@@ -55,15 +55,16 @@ def rate(marks: list[tuple[float, int]]) -> tuple[float, float, float]:
 
 def consume(ds, answer_of) -> dict[str, Any]:
     """Every row of ``ds`` pulled to this process: (time, rows so far) per batch, answers, errors."""
-    start, marks, answers, errors = time.time(), [], {}, []
+    start, marks, answers, errors, tokens = time.time(), [], {}, [], []
     for batch in ds.iter_batches(batch_size=None, batch_format="pandas"):
         for row in batch.to_dict("records"):
             if row.get("__inference_error__"):
                 errors.append(str(row["__inference_error__"])[:200])
             else:
                 answers[row["key"]] = answer_of(row)
+                tokens.append((row["prompt_tokens"], row["generated_tokens"]))
         marks.append((time.time(), len(answers) + len(errors)))
-    return {"start": start, "marks": marks, "answers": answers, "errors": errors}
+    return {"start": start, "marks": marks, "answers": answers, "errors": errors, "tokens": tokens}
 
 
 def per_run_processor(plan: Any, env: dict[str, str], request_of):
@@ -77,7 +78,9 @@ def per_run_processor(plan: Any, env: dict[str, str], request_of):
         detokenize_stage={"enabled": False, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
         log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **plan.placement)
     return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]},
-                           postprocess=lambda row: {"key": row["key"], "answer": row["generated_text"]},
+                           postprocess=lambda row: {"key": row["key"], "answer": row["generated_text"],
+                                                    "prompt_tokens": row["num_input_tokens"],
+                                                    "generated_tokens": row["num_generated_tokens"]},
                            preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
 
 
@@ -132,14 +135,22 @@ def kept_processor(plan: Any, request_of, requests: str):
     # (the replica holds 2, the stage actor 1: benchmarks/RESULTS.md).
     return build_processor(config, preprocess=pre, postprocess=lambda row: {
         "key": row["key"], "answer": (row.get("choices") or [{}])[0].get("message", {}).get("content"),
+        "prompt_tokens": (row.get("usage") or {}).get("prompt_tokens"),
+        "generated_tokens": (row.get("usage") or {}).get("completion_tokens"),
         "__inference_error__": row.get("__inference_error__") or (json.dumps(row["error"], default=str) if row.get("error") else "")})
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else float("nan")
 
 
 def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
     marks, start = seen["marks"], seen["start"]
     steady, lo, hi = rate(marks) if marks else (float("nan"), start, start)
     line = (f"{side}: {marks[-1][1] if marks else 0} rows ({len(seen['errors'])} errors) in {marks[-1][0] - start:.1f} s, "
-            f"first result at {marks[0][0] - start:.1f} s, steady {steady:.1f} rows/s")
+            f"first result at {marks[0][0] - start:.1f} s, steady {steady:.1f} rows/s, tokens per answered row "
+            f"{_mean(t[0] for t in seen['tokens']):.1f} in, {_mean(t[1] for t in seen['tokens']):.2f} out")
     print("RESULT " + line + (f"; errors e.g. {seen['errors'][:2]}" if seen["errors"] else ""), flush=True)
     for gpu in b.gpu_lines(gpus.busy(lo, hi)):
         print(f"  {side}, steady span, {gpu}")
