@@ -53,15 +53,16 @@ def rate(marks: list[tuple[float, int]]) -> tuple[float, float, float]:
     return steady, lo[0], hi[0]
 
 
-def consume(ds, answer_of) -> dict[str, Any]:
-    """Every row of ``ds`` pulled to this process: (time, rows so far) per batch, answers, errors."""
+def consume(ds) -> dict[str, Any]:
+    """Every row of ``ds`` pulled to this process: (time, rows so far) per batch, answers, token counts,
+    errors."""
     start, marks, answers, errors, tokens = time.time(), [], {}, [], []
     for batch in ds.iter_batches(batch_size=None, batch_format="pandas"):
         for row in batch.to_dict("records"):
             if row.get("__inference_error__"):
                 errors.append(str(row["__inference_error__"])[:200])
             else:
-                answers[row["key"]] = answer_of(row)
+                answers[row["key"]] = row["answer"]
                 tokens.append((row["prompt_tokens"], row["generated_tokens"]))
         marks.append((time.time(), len(answers) + len(errors)))
     return {"start": start, "marks": marks, "answers": answers, "errors": errors, "tokens": tokens}
@@ -102,11 +103,12 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
             async for answer in await super().chat(request, raw_request_info):
                 yield answer.model_dump() if hasattr(answer, "model_dump") else answer
 
-    placement = plan.placement
-    bundles = placement.get("placement_group_config") or {"bundles": [{"GPU": plan.gpus_per_replica, "CPU": 1}]}
+    placement = plan.placement  # bundles where the kit sets them (a share of a GPU, a CPU), else Serve's own per GPU
     llm_config = LLMConfig(model_loading_config={"model_id": NAME, "model_source": plan.model_path},
                            engine_kwargs=plan.engine_args, accelerator_type=placement["accelerator_type"],
-                           placement_group_config=bundles, runtime_env={"env_vars": env}, log_engine_metrics=False,
+                           **({"placement_group_config": placement["placement_group_config"]}
+                              if "placement_group_config" in placement else {}),
+                           runtime_env={"env_vars": env}, log_engine_metrics=False,
                            deployment_config={"num_replicas": plan.replicas, "max_ongoing_requests": 100_000})
     started = time.perf_counter()
     serve.start(proxy_location="Disabled")
@@ -146,15 +148,15 @@ def _mean(values) -> float:
 
 
 def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
-    marks, start = seen["marks"], seen["start"]
-    steady, lo, hi = rate(marks) if marks else (float("nan"), start, start)
-    line = (f"{side}: {marks[-1][1] if marks else 0} rows ({len(seen['errors'])} errors) in {marks[-1][0] - start:.1f} s, "
+    marks, start = seen["marks"] or [(seen["start"], 0)], seen["start"]  # no batch: nothing came back
+    steady, lo, hi = rate(marks)
+    line = (f"{side}: {marks[-1][1]} rows ({len(seen['errors'])} errors) in {marks[-1][0] - start:.1f} s, "
             f"first result at {marks[0][0] - start:.1f} s, steady {steady:.1f} rows/s, tokens per answered row "
             f"{_mean(t[0] for t in seen['tokens']):.1f} in, {_mean(t[1] for t in seen['tokens']):.2f} out")
     print("RESULT " + line + (f"; errors e.g. {seen['errors'][:2]}" if seen["errors"] else ""), flush=True)
     for gpu in b.gpu_lines(gpus.busy(lo, hi)):
         print(f"  {side}, steady span, {gpu}")
-    return {"whole": marks[-1][0] - start if marks else float("nan"), "steady": steady, "answers": seen["answers"]}
+    return {"whole": marks[-1][0] - start, "steady": steady, "answers": seen["answers"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_kept_engines"))
     parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
     args = parser.parse_args(argv)
+    sides = args.sides.split(",")
+    if unknown := sorted(set(sides) - {"per-run", "kept"}):
+        parser.error(f"--sides: unknown {unknown}; the sides are per-run and kept")
 
     import pandas as pd
     import ray
@@ -193,20 +198,18 @@ def main(argv: list[str] | None = None) -> int:
 
     got: dict[str, dict[str, Any]] = {}
     with b.GpuSampler() as gpus:
-        for side in args.sides.split(","):
+        for side in sides:
             if side == "per-run":
-                got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]))(dataset(len(rows))),
-                                                 lambda r: r["answer"]), gpus)
+                got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]))(dataset(len(rows)))),
+                                   gpus)
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
-                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests)(dataset(len(rows))),
-                                                 lambda r: r["answer"]), gpus)
+                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests)(dataset(len(rows)))),
+                                   gpus)
                 for i in range(args.reruns):
                     task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
                     report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests)(
-                        dataset(args.rerun_rows)), lambda r: r["answer"]), gpus)
-            else:
-                raise SystemExit(f"unknown side {side!r}")
+                        dataset(args.rerun_rows))), gpus)
     if {"per-run", "kept"} <= set(got):
         a, k = got["per-run"], got["kept"]
         same = sum(a["answers"].get(key) == answer for key, answer in k["answers"].items())

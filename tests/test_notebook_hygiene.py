@@ -51,19 +51,31 @@ def test_no_internal_vocabulary_in_what_users_read(path):
 
 
 def _processor_config_keywords(path):
-    """The keyword arguments of the notebook's ``vLLMEngineProcessorConfig(...)`` call, as literals where
-    they are literals (``ast``: the call a user reads and copies, not a regex over text)."""
+    """The keyword arguments of the ``vLLMEngineProcessorConfig(...)`` call of a notebook (or a script), as
+    literals where they are literals (``ast``: the call a user reads and copies, not a regex over text)."""
     import ast
 
-    nb = nbformat.read(path, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type != "code" or "vLLMEngineProcessorConfig(" not in cell.source:
+    sources = [path.read_text()] if path.suffix == ".py" else [c.source for c in nbformat.read(path, as_version=4).cells
+                                                              if c.cell_type == "code"]
+    for source in sources:
+        if "vLLMEngineProcessorConfig(" not in source:
             continue
-        for node in ast.walk(ast.parse(cell.source)):
+        for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "vLLMEngineProcessorConfig":
                 return {k.arg: (k.value.value if isinstance(k.value, ast.Constant) else ast.unparse(k.value))
                         for k in node.keywords if k.arg}
     raise AssertionError(f"{path.name} builds no vLLMEngineProcessorConfig")
+
+
+def test_the_kept_engines_benchmarks_per_run_side_is_the_text_notebooks_processor():
+    """``benchmarks/bench_kept_engines.py`` compares kept engines with the notebook's processor cell, copied
+    there (CONFIDENCE off): every setting the same, or the comparison is with another processor."""
+    notebook = _processor_config_keywords(REPO / "notebooks" / "text_classification.ipynb")
+    bench = _processor_config_keywords(REPO / "benchmarks" / "bench_kept_engines.py")
+    assert notebook.pop("detokenize_stage") == "{'enabled': CONFIDENCE, 'num_cpus': plan.stage_cpus}"
+    assert bench.pop("detokenize_stage") == "{'enabled': False, 'num_cpus': plan.stage_cpus}"
+    assert notebook.pop("runtime_env") == "{'env_vars': engine_env}" and bench.pop("runtime_env") == "{'env_vars': env}"
+    assert bench == notebook
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
