@@ -16,8 +16,9 @@ Variants (``--variants``, in order; ``off`` twice brackets the rest so a driftin
 Per variant: rows/s over ``LLM.chat`` plus Ray's conversion, this process's CPU per row (vLLM's frontend
 and Ray's conversion: what a Ray engine actor spends; the least of a variant's runs), each GPU's busy
 share (nvidia-smi), and the confidence the kit computes beside ``k20``'s on the same rows (mean absolute
-difference, the mean unresolved mass). ``--profile VARIANT`` records that variant's processes with py-spy (the driver and
-vLLM's engine core) into ``--out``. Run on the GPU machine (``on_gpu.sh logprobs``) or here:
+difference, the mean unresolved mass). ``--profile VARIANT`` records that variant's processes with
+py-spy (the driver and vLLM's engine core) into ``--out``. Run on the GPU machine (``on_gpu.sh
+logprobs``) or here:
 
     python benchmarks/bench_logprobs.py --rows 200
 """
