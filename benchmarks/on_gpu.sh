@@ -66,7 +66,7 @@
 #   bash benchmarks/on_gpu.sh gpu-detect    # the GPUs as the kit reads them from CUDA's driver (cluster.local_gpus)
 #                                           # beside torch's numbers; then with no GPU visible
 #   bash benchmarks/on_gpu.sh kept8b        # engines kept in a Ray Serve LLM deployment against the per-run processor
-#                                           # (bench_kept_engines.py): ROWS prompts (100,000) each, 8B shape, GPU 0,
+#                                           # (bench_kept_engines.py): ROWS prompts (100,000) each, 8B shape, GPUS (1) GPUs,
 #                                           # SIDES in order (per-run,kept), then 3 short re-runs on the kept engines
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run all twice in one live kernel, the prompt changed
@@ -397,7 +397,7 @@ print(f"raw vs the kit's answers to the same {rows:,} prompts (the kit ran all 1
 sys.exit(0 if checked.ok else 1)
 PY
       ;;
-    kept8b) CUDA_VISIBLE_DEVICES=0 python3 benchmarks/bench_kept_engines.py --rows "${ROWS:-100000}" --sides "${SIDES:-per-run,kept}" \
+    kept8b) CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((${GPUS:-1} - 1))) python3 benchmarks/bench_kept_engines.py --rows "${ROWS:-100000}" --sides "${SIDES:-per-run,kept}" \
       --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"}" ;;
     text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
     text8b-gpus[1-9]) n=${step#text8b-gpus}
