@@ -10,7 +10,9 @@ Each side prints its whole time, its first result, its steady rate (rows between
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
 requests go as plain dicts (``--requests dict``, the default: the deployment's ``chat`` builds vLLM's
 ``ChatCompletionRequest`` itself, and answers with dicts) or as that class (``--requests class``): Ray
-Data's stage actor then imports vLLM's OpenAI layer in every run, 15 s of a 2-core CPU's re-run.
+Data's stage actor then imports vLLM's OpenAI layer in every run, 15 s of a 2-core CPU's re-run. The
+kept side gets the per-run side's rows in flight per engine (``in_flight``); with Ray Data's one batch
+at a time per Serve stage actor it had a sixth of them on an H200 (benchmarks/RESULTS.md).
 
     python benchmarks/bench_kept_engines.py --rows 100000 --sides per-run,kept   # on a GPU, 8B shape:
         # MODEL_SOURCE from random_weights (bench_pipeline.run_settings loads it with dummy weights)
@@ -85,6 +87,22 @@ def per_run_processor(plan: Any, env: dict[str, str], request_of):
                            preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
 
 
+def engine_env(placement: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
+    """The engines' environment: where the plan gives each engine a share of a GPU, that share as
+    ``VLLM_RAY_PER_WORKER_GPUS`` (Serve LLM runs a GPU engine on vLLM's ``ray`` executor, whose worker asks
+    a whole GPU unless told; Ray 2.60 computes the share for its callback only, and the replica failed)."""
+    shares = [b["GPU"] for b in placement.get("placement_group_config", {}).get("bundles", []) if "GPU" in b]
+    return {**env, "VLLM_RAY_PER_WORKER_GPUS": str(shares[0])} if shares and shares[0] < 1 else env
+
+
+def in_flight(plan: Any, actors_per_engine: int, batch: int | None = None) -> tuple[int, int]:
+    """Rows per batch and stage actors for the kept side. Ray Data runs one batch at a time in each Serve
+    stage actor (the vLLM stage actor runs max_concurrent_batches), so the per-run side's rows in flight per
+    engine, batch_size x max_concurrent_batches, are split over ``actors_per_engine`` actors per engine."""
+    return (batch or max(1, plan.batch_size * plan.max_concurrent_batches // actors_per_engine),
+            actors_per_engine * plan.replicas)
+
+
 def deploy(plan: Any, env: dict[str, str]) -> float:
     """The plan's engines as one Ray Serve LLM application (a replica per engine, placed as the processor
     places them), no HTTP proxy; seconds until it is ready."""
@@ -104,6 +122,7 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
                 yield answer.model_dump() if hasattr(answer, "model_dump") else answer
 
     placement = plan.placement  # bundles where the kit sets them (a share of a GPU, a CPU), else Serve's own per GPU
+    env = engine_env(placement, env)
     llm_config = LLMConfig(model_loading_config={"model_id": NAME, "model_source": plan.model_path},
                            engine_kwargs=plan.engine_args, accelerator_type=placement["accelerator_type"],
                            **({"placement_group_config": placement["placement_group_config"]}
@@ -117,7 +136,7 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def kept_processor(plan: Any, request_of, requests: str):
+def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors: int):
     from ray.data.llm import ServeDeploymentProcessorConfig, build_processor
 
     mapping = None
@@ -131,7 +150,7 @@ def kept_processor(plan: Any, request_of, requests: str):
                 **({"dtype": "ChatCompletionRequest"} if mapping else {})}
 
     config = ServeDeploymentProcessorConfig(deployment_name=NAME, app_name=NAME, **({"dtype_mapping": mapping} if mapping else {}),
-                                            batch_size=plan.batch_size, concurrency=plan.actor_pool,
+                                            batch_size=batch_size, concurrency=actors,
                                             should_continue_on_error=True)
     # No num_cpus for preprocess: fused into Serve's stage actor. Given its own, it stalled on 3 CPUs
     # (the replica holds 2, the stage actor 1: benchmarks/RESULTS.md).
@@ -166,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reruns", type=int, default=3, help="short runs on the kept engines after its long one")
     parser.add_argument("--rerun-rows", type=int, default=30)
     parser.add_argument("--requests", choices=("dict", "class"), default="dict")
+    parser.add_argument("--kept-batch", type=int, help="rows per batch on the kept side (default: the per-run side's rows "
+                        "in flight per engine, batch_size x max_concurrent_batches, split over --kept-actors per engine)")
+    parser.add_argument("--kept-actors", type=int, default=2, help="Serve stage actors per engine on the kept side")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_kept_engines"))
     parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
     args = parser.parse_args(argv)
@@ -196,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     def dataset(n: int):
         return ray.data.from_items(rows[:n], override_num_blocks=max(1, min(plan.num_blocks, n)))
 
+    batch, actors = in_flight(plan, args.kept_actors, args.kept_batch)
+    print(f"rows in flight per engine: per-run {plan.batch_size} x {plan.max_concurrent_batches} batches; "
+          f"kept {batch} x {args.kept_actors} stage actors", flush=True)
     got: dict[str, dict[str, Any]] = {}
     with b.GpuSampler() as gpus:
         for side in sides:
@@ -204,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
                                    gpus)
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
-                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests)(dataset(len(rows)))),
+                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors)(dataset(len(rows)))),
                                    gpus)
                 for i in range(args.reruns):
                     task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
-                    report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests)(
+                    report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests, -(-args.rerun_rows // plan.replicas), plan.replicas)(
                         dataset(args.rerun_rows))), gpus)
     if {"per-run", "kept"} <= set(got):
         a, k = got["per-run"], got["kept"]

@@ -366,6 +366,22 @@ def test_the_kept_engines_benchmark_sends_the_notebooks_request_as_an_openai_cha
     assert math.isnan(kept.rate(marks[-3:])[0])  # three batches: no steady rate claimed
 
 
+def test_the_kept_engines_benchmark_gives_serve_the_per_run_sides_rows_in_flight_and_each_engines_gpu_share():
+    """Ray Data runs one batch at a time in a Serve stage actor: the kept side splits the per-run side's rows
+    in flight per engine over its actors. Two engines on a GPU (the H200 plan that failed in every replica
+    without it) tell vLLM's ray executor their share; a whole-GPU or CPU engine's environment is left alone."""
+    from helpers.presets import PRESETS
+
+    kept = load_script("bench_kept_engines", folder="benchmarks")
+    shared = PRESETS["text-llama8b-l4"].override(batch_size=256, max_concurrent_batches=6, concurrency=2,
+                                                 replicas_per_gpu=2)
+    assert kept.in_flight(shared, 2) == (768, 4) and kept.in_flight(shared, 1, 100) == (100, 2)
+    env = {"HF_HUB_OFFLINE": "1"}
+    assert kept.engine_env(shared.placement, env) == {**env, "VLLM_RAY_PER_WORKER_GPUS": "0.5"}
+    assert kept.engine_env(shared.override(replicas_per_gpu=1).placement, env) == env
+    assert kept.engine_env(PRESETS["text-cpu-offline"].placement, env) == env
+
+
 @pytest.mark.slow
 @pytest.mark.extended  # a Serve LLM deployment and a short run on it (outside CI's hour)
 def test_the_kept_engines_benchmark_answers_every_row_through_the_deployment(tmp_path, repo):
