@@ -5,6 +5,9 @@ processor), on the text notebook's plan and requests, in one process and one Ray
 - ``kept``: the same engine arguments in a Ray Serve LLM deployment (``LLMConfig``, no HTTP proxy),
   started once, driven by Ray Data LLM's ``ServeDeploymentProcessorConfig``; then short re-runs with the
   prompt changed, each timed to its first and last result.
+- ``kept-batch``: the same engines in a plain Serve deployment (vLLM's ``AsyncLLM`` in each replica) that
+  takes a whole batch per call, driven by a Ray Data ``map_batches`` stage: Serve's per-request cost
+  (~5 ms of CPU a row through ``ServeDeploymentProcessorConfig`` on a 2-core CPU) paid once a batch.
 
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
@@ -136,6 +139,76 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
+BATCH_NAME = "kit-text-batches"  # the kept-batch side's deployment and application
+
+
+def deploy_batches(plan: Any, env: dict[str, str]) -> float:
+    """The plan's engines kept in a plain Serve deployment (a replica per engine, vLLM's ``AsyncLLM`` in it,
+    placed as the per-run processor places its engines) that takes a whole batch of requests in one call:
+    Serve's cost is paid per batch, not per row. Seconds until it is ready."""
+    from ray import serve
+
+    @serve.deployment(name=BATCH_NAME, num_replicas=plan.replicas, max_ongoing_requests=1_000,
+                      ray_actor_options={"num_cpus": 1, "num_gpus": plan.gpus_per_replica, "runtime_env": {"env_vars": env}})
+    class Engine:
+        def __init__(self, model: str, engine_args: dict[str, Any]):
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args))
+
+        async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            """Each request's answer, or its error as text (with its cause); the chat template applied here."""
+            import asyncio
+            import uuid
+
+            from vllm import SamplingParams
+            from vllm.sampling_params import StructuredOutputsParams
+
+            tokenizer = self.llm.get_tokenizer()
+
+            async def one(request):
+                sampling = dict(request["sampling_params"])
+                choice = sampling.pop("structured_outputs", None)
+                params = SamplingParams(**sampling, structured_outputs=StructuredOutputsParams(**choice) if choice else None)
+                prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
+                async for out in self.llm.generate(prompt, params, request_id=uuid.uuid4().hex):  # vLLM tokenizes it
+                    final = out
+                return {"answer": final.outputs[0].text, "prompt_tokens": len(final.prompt_token_ids),
+                        "generated_tokens": len(final.outputs[0].token_ids), "__inference_error__": ""}
+
+            done = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
+            return [d if isinstance(d, dict) else {"__inference_error__": f"{d!r} from {d.__cause__!r}"[:500]} for d in done]
+
+    started = time.perf_counter()
+    serve.start(proxy_location="Disabled")
+    one_gpu = {"distributed_executor_backend": "uni"} if plan.world == 1 else {}  # as Ray Data LLM's vLLM stage asks
+    serve.run(Engine.bind(plan.model_path, {**one_gpu, **plan.engine_args}), name=BATCH_NAME, route_prefix=None)
+    return time.perf_counter() - started
+
+
+def batches_run(plan: Any, request_of, ds):
+    """``ds`` through the kept-batch deployment: one stage actor per engine, each with the per-run side's
+    batches in flight (``max_concurrency``), one call per batch."""
+    import ray
+
+    class Send:
+        def __init__(self):
+            from ray import serve
+
+            self.engine = serve.get_deployment_handle(BATCH_NAME, BATCH_NAME)
+
+        async def __call__(self, batch: dict[str, Any]):
+            rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
+            answers = await self.engine.generate.remote([request_of(row) for row in rows])
+            yield {"key": [row["key"] for row in rows], **{k: [a.get(k) for a in answers] for k in (
+                "answer", "prompt_tokens", "generated_tokens", "__inference_error__")}}
+
+    return ds.map_batches(Send, batch_size=plan.batch_size, batch_format="numpy", num_cpus=0.5,
+                          compute=ray.data.ActorPoolStrategy(size=plan.replicas),
+                          max_concurrency=plan.max_concurrent_batches)
+
+
 def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors: int):
     from ray.data.llm import ServeDeploymentProcessorConfig, build_processor
 
@@ -181,7 +254,7 @@ def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=300)
-    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept")
+    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept, kept-batch")
     parser.add_argument("--reruns", type=int, default=3, help="short runs on the kept engines after its long one")
     parser.add_argument("--rerun-rows", type=int, default=30)
     parser.add_argument("--requests", choices=("dict", "class"), default="dict")
@@ -192,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
     args = parser.parse_args(argv)
     sides = args.sides.split(",")
-    if unknown := sorted(set(sides) - {"per-run", "kept"}):
-        parser.error(f"--sides: unknown {unknown}; the sides are per-run and kept")
+    if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch"}):
+        parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept and kept-batch")
 
     import pandas as pd
     import ray
@@ -227,6 +300,12 @@ def main(argv: list[str] | None = None) -> int:
             if side == "per-run":
                 got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]))(dataset(len(rows)))),
                                    gpus)
+            elif side == "kept-batch":
+                print(f"kept-batch: the deployment is ready in {deploy_batches(plan, env):.1f} s", flush=True)
+                got[side] = report(side, consume(batches_run(plan, request_of(params["TASK"]), dataset(len(rows)))), gpus)
+                for i in range(args.reruns):
+                    task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
+                    report(f"kept-batch re-run {i + 1}", consume(batches_run(plan, request_of(task), dataset(args.rerun_rows))), gpus)
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
                 got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors)(dataset(len(rows)))),
@@ -235,10 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                     task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
                     report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests, -(-args.rerun_rows // plan.replicas), plan.replicas)(
                         dataset(args.rerun_rows))), gpus)
-    if {"per-run", "kept"} <= set(got):
-        a, k = got["per-run"], got["kept"]
+    for side in [s for s in ("kept", "kept-batch") if s in got and "per-run" in got]:
+        a, k = got["per-run"], got[side]
         same = sum(a["answers"].get(key) == answer for key, answer in k["answers"].items())
-        print(f"RATIO kept / per-run: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
+        print(f"RATIO {side} / per-run: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
               f"(the deployment's start not counted); answers equal {same} of {len(k['answers'])}", flush=True)
     return 0
 
