@@ -8,6 +8,7 @@ processor), on the text notebook's plan and requests, in one process and one Ray
 - ``kept-batch``: the same engines in a plain Serve deployment (vLLM's ``AsyncLLM`` in each replica) that
   takes a whole batch per call, driven by a Ray Data ``map_batches`` stage: Serve's per-request cost
   (~5 ms of CPU a row through ``ServeDeploymentProcessorConfig`` on a 2-core CPU) paid once a batch.
+- ``echo``: the kept side's path to a deployment with no model (empty answers): Serve's cost a row alone.
 
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
@@ -209,7 +210,26 @@ def batches_run(plan: Any, request_of, ds):
                           max_concurrency=plan.max_concurrent_batches)
 
 
-def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors: int):
+ECHO = "kit-text-echo"  # the echo side's deployment and application
+
+
+def deploy_echo(plan: Any) -> float:
+    """A deployment with no model, a replica per engine, that answers each chat request with an empty
+    answer: what Serve's path through ``ServeDeploymentProcessorConfig`` costs a row by itself."""
+    from ray import serve
+
+    @serve.deployment(name=ECHO, num_replicas=plan.replicas, max_ongoing_requests=100_000, ray_actor_options={"num_cpus": 0})
+    class Echo:
+        async def chat(self, request, raw_request_info=None):
+            yield {"choices": [{"message": {"content": ""}}], "usage": {"prompt_tokens": 0, "completion_tokens": 0}}
+
+    started = time.perf_counter()
+    serve.start(proxy_location="Disabled")
+    serve.run(Echo.bind(), name=ECHO, route_prefix=None)
+    return time.perf_counter() - started
+
+
+def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors: int, name: str = NAME):
     from ray.data.llm import ServeDeploymentProcessorConfig, build_processor
 
     mapping = None
@@ -222,7 +242,7 @@ def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors
         return {"method": "chat", "request_kwargs": openai_request(request_of(row)), "key": row["key"],
                 **({"dtype": "ChatCompletionRequest"} if mapping else {})}
 
-    config = ServeDeploymentProcessorConfig(deployment_name=NAME, app_name=NAME, **({"dtype_mapping": mapping} if mapping else {}),
+    config = ServeDeploymentProcessorConfig(deployment_name=name, app_name=name, **({"dtype_mapping": mapping} if mapping else {}),
                                             batch_size=batch_size, concurrency=actors,
                                             should_continue_on_error=True)
     # No num_cpus for preprocess: fused into Serve's stage actor. Given its own, it stalled on 3 CPUs
@@ -254,7 +274,7 @@ def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=300)
-    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept, kept-batch")
+    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept, kept-batch, echo")
     parser.add_argument("--reruns", type=int, default=3, help="short runs on the kept engines after its long one")
     parser.add_argument("--rerun-rows", type=int, default=30)
     parser.add_argument("--requests", choices=("dict", "class"), default="dict")
@@ -265,11 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
     args = parser.parse_args(argv)
     sides = args.sides.split(",")
-    if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch"}):
-        parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept and kept-batch")
+    if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch", "echo"}):
+        parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept, kept-batch and echo")
 
     import pandas as pd
     import ray
+    from ray import serve
 
     from helpers import cluster, labels
 
@@ -300,12 +321,17 @@ def main(argv: list[str] | None = None) -> int:
             if side == "per-run":
                 got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]))(dataset(len(rows)))),
                                    gpus)
+            elif side == "echo":
+                print(f"echo: the deployment is ready in {deploy_echo(plan):.1f} s", flush=True)
+                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors,
+                                                                ECHO)(dataset(len(rows)))), gpus)
             elif side == "kept-batch":
                 print(f"kept-batch: the deployment is ready in {deploy_batches(plan, env):.1f} s", flush=True)
                 got[side] = report(side, consume(batches_run(plan, request_of(params["TASK"]), dataset(len(rows)))), gpus)
                 for i in range(args.reruns):
                     task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
                     report(f"kept-batch re-run {i + 1}", consume(batches_run(plan, request_of(task), dataset(args.rerun_rows))), gpus)
+                serve.delete(BATCH_NAME)  # its engines leave the GPU to the next side's
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
                 got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors)(dataset(len(rows)))),
@@ -314,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                     task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
                     report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests, -(-args.rerun_rows // plan.replicas), plan.replicas)(
                         dataset(args.rerun_rows))), gpus)
+                serve.delete(NAME)
     for side in [s for s in ("kept", "kept-batch") if s in got and "per-run" in got]:
         a, k = got["per-run"], got[side]
         same = sum(a["answers"].get(key) == answer for key, answer in k["answers"].items())

@@ -68,7 +68,8 @@
 #   bash benchmarks/on_gpu.sh kept8b        # engines kept in a Ray Serve LLM deployment against the per-run processor
 #                                           # (bench_kept_engines.py): ROWS prompts (100,000) each, 8B shape, GPUS (1) GPUs,
 #                                           # SIDES in order (per-run,kept; kept-batch: a plain Serve deployment taking
-#                                           # a batch per call), then 3 short re-runs on each side's kept engines
+#                                           # a batch per call; echo: Serve's path with no model), 3 short re-runs
+#                                           # on each side's kept engines
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run all twice in one live kernel, the prompt changed
 #                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
