@@ -16,7 +16,8 @@ requests go as plain dicts (``--requests dict``, the default: the deployment's `
 ``ChatCompletionRequest`` itself, and answers with dicts) or as that class (``--requests class``): Ray
 Data's stage actor then imports vLLM's OpenAI layer in every run, 15 s of a 2-core CPU's re-run. The
 kept side gets the per-run side's rows in flight per engine (``in_flight``); with Ray Data's one batch
-at a time per Serve stage actor it had a sixth of them on an H200 (benchmarks/RESULTS.md).
+at a time per Serve stage actor it had a sixth of them on an H200 (256 against 1,536; in the engine at
+most 256 against the per-run side's 563: benchmarks/RESULTS.md).
 
     python benchmarks/bench_kept_engines.py --rows 100000 --sides per-run,kept   # on a GPU, 8B shape:
         # MODEL_SOURCE from random_weights (bench_pipeline.run_settings loads it with dummy weights)
@@ -107,10 +108,19 @@ def in_flight(plan: Any, actors_per_engine: int, batch: int | None = None) -> tu
             actors_per_engine * plan.replicas)
 
 
+def serve_app(app: Any, name: str) -> float:
+    """``app`` running as the application ``name`` (no HTTP proxy, no route); seconds until it is ready."""
+    from ray import serve
+
+    started = time.perf_counter()
+    serve.start(proxy_location="Disabled")
+    serve.run(app, name=name, route_prefix=None)
+    return time.perf_counter() - started
+
+
 def deploy(plan: Any, env: dict[str, str]) -> float:
     """The plan's engines as one Ray Serve LLM application (a replica per engine, placed as the processor
     places them), no HTTP proxy; seconds until it is ready."""
-    from ray import serve
     from ray.serve.llm import LLMConfig, LLMServer, build_llm_deployment
 
     class DictServer(LLMServer):
@@ -133,11 +143,7 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
                               if "placement_group_config" in placement else {}),
                            runtime_env={"env_vars": env}, log_engine_metrics=False,
                            deployment_config={"num_replicas": plan.replicas, "max_ongoing_requests": 100_000})
-    started = time.perf_counter()
-    serve.start(proxy_location="Disabled")
-    serve.run(build_llm_deployment(llm_config, override_serve_options={"name": NAME}, deployment_cls=DictServer),
-              name=NAME, route_prefix=None)
-    return time.perf_counter() - started
+    return serve_app(build_llm_deployment(llm_config, override_serve_options={"name": NAME}, deployment_cls=DictServer), NAME)
 
 
 BATCH_NAME = "kit-text-batches"  # the kept-batch side's deployment and application
@@ -181,11 +187,8 @@ def deploy_batches(plan: Any, env: dict[str, str]) -> float:
             done = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
             return [d if isinstance(d, dict) else {"__inference_error__": f"{d!r} from {d.__cause__!r}"[:500]} for d in done]
 
-    started = time.perf_counter()
-    serve.start(proxy_location="Disabled")
     one_gpu = {"distributed_executor_backend": "uni"} if plan.world == 1 else {}  # as Ray Data LLM's vLLM stage asks
-    serve.run(Engine.bind(plan.model_path, {**one_gpu, **plan.engine_args}), name=BATCH_NAME, route_prefix=None)
-    return time.perf_counter() - started
+    return serve_app(Engine.bind(plan.model_path, {**one_gpu, **plan.engine_args}), BATCH_NAME)
 
 
 def batches_run(plan: Any, request_of, ds):
@@ -223,10 +226,7 @@ def deploy_echo(plan: Any) -> float:
         async def chat(self, request, raw_request_info=None):
             yield {"choices": [{"message": {"content": ""}}], "usage": {"prompt_tokens": 0, "completion_tokens": 0}}
 
-    started = time.perf_counter()
-    serve.start(proxy_location="Disabled")
-    serve.run(Echo.bind(), name=ECHO, route_prefix=None)
-    return time.perf_counter() - started
+    return serve_app(Echo.bind(), ECHO)
 
 
 def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors: int, name: str = NAME):
@@ -316,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rows in flight per engine: per-run {plan.batch_size} x {plan.max_concurrent_batches} batches; "
           f"kept {batch} x {args.kept_actors} stage actors", flush=True)
     got: dict[str, dict[str, Any]] = {}
+
+    def reruns(side: str, run) -> None:
+        """``args.reruns`` short runs on ``side``'s kept engines, the prompt changed each time (``run(task)``: its
+        dataset)."""
+        for i in range(args.reruns):
+            report(f"{side} re-run {i + 1}", consume(run(f"{params['TASK']} (take {i + 2}: the prompt changed)")), gpus)
+
     with b.GpuSampler() as gpus:
         for side in sides:
             if side == "per-run":
@@ -328,18 +335,14 @@ def main(argv: list[str] | None = None) -> int:
             elif side == "kept-batch":
                 print(f"kept-batch: the deployment is ready in {deploy_batches(plan, env):.1f} s", flush=True)
                 got[side] = report(side, consume(batches_run(plan, request_of(params["TASK"]), dataset(len(rows)))), gpus)
-                for i in range(args.reruns):
-                    task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
-                    report(f"kept-batch re-run {i + 1}", consume(batches_run(plan, request_of(task), dataset(args.rerun_rows))), gpus)
+                reruns(side, lambda task: batches_run(plan, request_of(task), dataset(args.rerun_rows)))
                 serve.delete(BATCH_NAME)  # its engines leave the GPU to the next side's
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
                 got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors)(dataset(len(rows)))),
                                    gpus)
-                for i in range(args.reruns):
-                    task = f"{params['TASK']} (take {i + 2}: the prompt changed)"
-                    report(f"kept re-run {i + 1}", consume(kept_processor(plan, request_of(task), args.requests, -(-args.rerun_rows // plan.replicas), plan.replicas)(
-                        dataset(args.rerun_rows))), gpus)
+                small = in_flight(plan, 1, -(-args.rerun_rows // plan.replicas))  # a batch per engine
+                reruns(side, lambda task: kept_processor(plan, request_of(task), args.requests, *small)(dataset(args.rerun_rows)))
                 serve.delete(NAME)
     for side in [s for s in ("kept", "kept-batch") if s in got and "per-run" in got]:
         a, k = got["per-run"], got[side]
