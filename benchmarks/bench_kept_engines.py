@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     sides = args.sides.split(",")
     if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch", "echo"}):
         parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept, kept-batch and echo")
+    if args.kept_actors < 1 or (args.kept_batch is not None and args.kept_batch < 1):
+        parser.error("--kept-actors and --kept-batch: at least 1")
 
     import pandas as pd
     import ray

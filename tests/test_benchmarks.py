@@ -382,6 +382,15 @@ def test_the_kept_engines_benchmark_gives_serve_the_per_run_sides_rows_in_flight
     assert kept.engine_env(PRESETS["text-cpu-offline"].placement, env) == env
 
 
+@pytest.mark.parametrize("argv", [["--sides", "per-run,kep"], ["--kept-actors", "0"], ["--kept-batch", "-1"]])
+def test_the_kept_engines_benchmark_refuses_a_bad_argument_before_it_starts_anything(argv, capsys):
+    kept = load_script("bench_kept_engines", folder="benchmarks")
+    with pytest.raises(SystemExit) as refused:
+        kept.main(argv)
+    said = capsys.readouterr().err
+    assert refused.value.code == 2 and ("unknown ['kep']" in said if argv[0] == "--sides" else "at least 1" in said), said
+
+
 @pytest.mark.slow
 @pytest.mark.extended  # a Serve deployment and a short run on it (outside CI's hour)
 @pytest.mark.parametrize("side", ["kept", "kept-batch", "echo"])
