@@ -3,7 +3,9 @@ guarded, so one row's failure is that row's reason, never the run's; then one wr
 answered or not, as it comes (resumably, with Ray Data's checkpoints), and how fast it went.
 
 A row rejected before the model travels through the processor with Ray Data LLM's own error column
-set: every stage and your ``postprocess`` pass it by, and it reaches the write untouched."""
+set: every stage and your ``postprocess`` pass it by, and it reaches the write untouched. Your columns
+travel under their own names too (``INPUT`` + name): Ray's stages write their fields into the row
+(``prompt``, ``generated_text``, a response's ``id``), and one of yours of that name would come back replaced."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ STAGE, ERROR = "stage", "error"  # where a row stopped ("" when answered), and w
 REJECTED, ENGINE, POSTPROCESS = "rejected before the model", "engine", "postprocess"
 TOKENS = ("num_input_tokens", "num_generated_tokens")
 KIT_COLUMNS = (ROW_ID, *TOKENS, ERROR, STAGE)
+INPUT = "__input__"  # the prefix your kept columns travel under, out of the way of every stage's fields
 
 
 def _fails(what: str, exc: BaseException) -> str:
@@ -84,15 +87,16 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
     def pre(row: dict[str, Any]) -> dict[str, Any]:
         # Rejected rows carry the example's request: Ray merges blocks column by column, and a block of
         # rejects without one reads as nulls (integer settings become floats, which vLLM refuses).
+        saved = {INPUT + c: row.get(c) for c in (ROW_ID, *kept)}
         if row.get(REJECT_REASON):
-            return {**request, INFERENCE_ERROR: str(row[REJECT_REASON]), STAGE: REJECTED}
+            return {**request, **saved, INFERENCE_ERROR: str(row[REJECT_REASON]), STAGE: REJECTED}
         try:
-            return {**dict(preprocess(row)), INFERENCE_ERROR: "", STAGE: ""}
+            return {**dict(preprocess(row)), **saved, INFERENCE_ERROR: "", STAGE: ""}
         except Exception as exc:  # one row's problem, never the run's
-            return {**request, INFERENCE_ERROR: _fails("preprocess", exc), STAGE: REJECTED}
+            return {**request, **saved, INFERENCE_ERROR: _fails("preprocess", exc), STAGE: REJECTED}
 
     def post(row: dict[str, Any]) -> dict[str, Any]:
-        base = {ROW_ID: row.get(ROW_ID), **{c: row.get(c) for c in kept}}
+        base = {INPUT + c: row.get(INPUT + c) for c in (ROW_ID, *kept)}
         try:
             out = dict(postprocess(row))
             if other := sorted(set(out) - set(yours)):
@@ -113,7 +117,7 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
 
 def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
     """An Arrow batch in ``columns``: rows that skipped or failed the engine get their ``stage`` and
-    ``error``, keep ``kept`` and have nulls for yours. Columns Ray pickled (mixed types) are typed again
+    ``error``, keep ``kept`` and have nulls for yours; the id and ``kept`` as they entered (``INPUT``). Columns Ray pickled (mixed types) are typed again
     (as Arrow infers, else text); Ray's ``row_hash`` as uint64, as resuming compares it."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -126,7 +130,8 @@ def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
     failed = pc.not_equal(text(INFERENCE_ERROR), "")
     out = {}
     for name in columns:
-        column = table.column(name) if name in names else pa.nulls(n)
+        travelled = INPUT + name if name in (ROW_ID, *kept) else name
+        column = table.column(travelled) if travelled in names else pa.nulls(n)
         if isinstance(column.type, pa.ExtensionType) and column.type.extension_name == "ray.data.arrow_pickled_object":
             values = column.to_pylist()
             try:

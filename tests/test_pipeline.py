@@ -112,12 +112,15 @@ def test_one_rows_failure_is_that_rows_reason_never_the_runs():
     raised = fns.preprocess({"name": "raise", "reject_reason": ""})
     assert raised["__inference_error__"] == "preprocess failed: ValueError: no prompt for this one"
     assert fns.preprocess({"name": "ok", "reject_reason": ""})["__inference_error__"] == ""
-    answer = {"row_id": "r", "id": "1", "name": "x", "generated_text": "Retail", "num_input_tokens": 5}
-    assert fns.postprocess(answer) == {"row_id": "r", "id": "1", "name": "x", "predicted_label": "Retail",
+    assert {k: v for k, v in raised.items() if k.startswith("__input__")} == {
+        "__input__row_id": None, "__input__id": None, "__input__name": "raise"}  # yours, out of the stages' way
+    answer = {"__input__row_id": "r", "__input__id": "1", "name": "x", "__input__name": "x", "generated_text": "Retail",
+              "num_input_tokens": 5}
+    assert fns.postprocess(answer) == {"__input__row_id": "r", "__input__id": "1", "__input__name": "x", "predicted_label": "Retail",
                                        "answer_chars": 6, "num_input_tokens": 5, "num_generated_tokens": 0,
                                        "error": "", "stage": ""}
     failed = fns.postprocess({**answer, "name": "bad answer"})
-    assert failed["stage"] == POSTPROCESS and "KeyError" in failed["error"] and failed["id"] == "1"
+    assert failed["stage"] == POSTPROCESS and "KeyError" in failed["error"] and failed["__input__id"] == "1"
     other = pipeline.checked(preprocess, lambda row: {"a": 1} if row["name"] != "y" else {"b": 2}, {"name": "x"})
     assert "did not return for the example (['b'])" in other.postprocess({**answer, "name": "y"})["error"]
     odd = pipeline.checked(preprocess, lambda row: {"a": 1} if row["name"] != "y" else {"a": object()}, {"name": "x"})
@@ -128,7 +131,8 @@ def test_finish_gives_every_row_the_columns_and_its_stage_and_types_what_ray_pic
     from ray.data.extensions import ArrowPythonObjectArray
 
     fns = checked()
-    table = pa.table({"row_id": ["a", "b", "c"], "id": ["1", "2", "3"], "name": ["x", "y", "z"],
+    table = pa.table({"__input__row_id": ["a", "b", "c"], "__input__id": ["1", "2", "3"], "__input__name": ["x", "y", "z"],
+                      "name": ["replaced by a stage"] * 3,
                       "predicted_label": ["Retail", None, None], "answer_chars": [6, None, None],
                       "messages": [[{"role": "user", "content": "x"}]] * 3,
                       "__inference_error__": ["", "RuntimeError: engine died", "empty value"],
@@ -237,3 +241,17 @@ def test_limit_keeps_the_first_rows_in_file_order_even_when_the_first_file_arriv
         f"c1-{i}" for i in range(10)]
     resumed = ray.data.read_csv(str(tmp_path), override_num_blocks=8)
     assert len(pipeline.first_rows(resumed, 60, done=45).take_all()) == 15  # the rest of LIMIT after a resume
+
+
+def test_no_column_ray_or_your_request_writes_replaces_a_column_of_yours(local_ray, tmp_path):
+    """Ray Data LLM's stages write their fields into each row (a response's ``id``, the engine's
+    ``generated_text``, your request's ``messages``): your columns of those names came back replaced."""
+    fns = pipeline.checked(preprocess, postprocess, {"name": "Walmart"}, keep=["id", "name", "messages", "generated_text"])
+    frame = rows().assign(messages=lambda f: "yours " + f["id"], generated_text=lambda f: "also yours " + f["id"])
+    run = run_folder.open_folder(str(tmp_path / "out")).start(PLAN, fns, id_column="id", settings={})
+    written = pipeline.write(run, stand_in_processor(fns)(read(local_ray, tmp_path, frame)), "predictions.parquet")
+    every = pd.concat([written.answered, written.errors])
+    assert len(every) == 20 and len(written.errors) == 4
+    assert (every["messages"] == "yours " + every["id"]).all()
+    assert (every["generated_text"] == "also yours " + every["id"]).all()
+    assert (written.answered["predicted_label"].isin(LABELS)).all()
