@@ -3,14 +3,13 @@ guarded, so one row's failure is that row's reason, never the run's; then one wr
 answered or not, as it comes (resumably, with Ray Data's checkpoints), and how fast it went.
 
 A row rejected before the model travels through the processor with Ray Data LLM's own error column
-set: every stage and your ``postprocess`` pass it by, and it reaches the write untouched. Your columns
-travel under their own names too (``INPUT`` + name): Ray's stages write their fields into the row
-(``prompt``, ``generated_text``, a response's ``id``), and one of yours of that name would come back replaced."""
+set: every stage and your ``postprocess`` pass it by, and it reaches the write untouched."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +28,7 @@ STAGE, ERROR = "stage", "error"  # where a row stopped ("" when answered), and w
 REJECTED, ENGINE, POSTPROCESS = "rejected before the model", "engine", "postprocess"
 TOKENS = ("num_input_tokens", "num_generated_tokens")
 KIT_COLUMNS = (ROW_ID, *TOKENS, ERROR, STAGE)
-INPUT = "__input__"  # the prefix your kept columns travel under, out of the way of every stage's fields
+INPUT = "__input__"  # your columns travel as INPUT + name: a stage's field (prompt, an id) never replaces one
 
 
 def _fails(what: str, exc: BaseException) -> str:
@@ -206,8 +205,6 @@ class Written:
         }).to_frame("value")
         self.run.path("ray_stats.txt").write_text(self.stats)
         stages = []
-        import re
-
         for block in re.split(r"\n(?=Operator \d+ )", self.stats):
             head = re.match(r"Operator \d+ (.+?): (\d+) tasks executed, \d+ blocks produced in ([\d.]+)(ms|s)", block)
             if head:
@@ -268,8 +265,7 @@ def write(run: Any, results, answered_name: str) -> Written:
     if not ray.is_initialized():
         raise NotReadyError("Ray is not running. Run the notebook again from the 'Start Ray' cell down.")
     plan, parts, checkpoint = run.plan, run.where / run.PARTS, run.where / run.CHECKPOINT
-    before = {f for f, _ in parts.files()}
-    rows = plan.rows
+    before, rows = {f for f, _ in parts.files()}, plan.rows
     finished = results.map_batches(finish, batch_format="pyarrow", fn_kwargs={"columns": run.functions.columns, "kept": run.functions.kept},
                                    num_cpus=plan.stage_cpus)
     context, fs = finished.context, parts.fs if parts.remote else None
@@ -297,8 +293,7 @@ def write(run: Any, results, answered_name: str) -> Written:
     seconds = time.perf_counter() - started
     listed = parts.files()
     new = [(f, t) for f, t in listed if f not in before]
-    everything = _table([f for f, _ in listed])
-    now = _table([f for f, _ in new])
+    everything, now = _table([f for f, _ in listed]), _table([f for f, _ in new])
     is_error = everything[STAGE] != ""
     answered = everything[~is_error].drop(columns=[ERROR, STAGE]).reset_index(drop=True)
     errors = everything[is_error].rename(columns={ERROR: "reason"}).reset_index(drop=True)
