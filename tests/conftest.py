@@ -7,7 +7,6 @@ import http.server
 import importlib.util
 import io
 import os
-import shutil
 import tarfile
 import threading
 import sys
@@ -259,6 +258,7 @@ def blip_shard_bytes() -> dict[str, bytes]:
 def hub(tmp_path_factory):
     """The stand-in Hub with a BLIP3o-style repository (:func:`blip_shards` in ``data/``) and a
     private one with a CSV."""
+    import pandas as pd
     from hub_server import HubServer, Repo
 
     root = tmp_path_factory.mktemp("hub")
@@ -266,7 +266,9 @@ def hub(tmp_path_factory):
     for shard, data in blip_shard_bytes().items():
         (root / "blip" / "data" / shard).write_bytes(data)
     (root / "csv").mkdir()
-    shutil.copy(REPO / "helpers" / "sample_data" / "customers.csv", root / "csv" / "customers.csv")
+    # The sample with two columns named as fields Ray Data LLM's stages write into each row: yours are kept.
+    sample = pd.read_csv(REPO / "helpers" / "sample_data" / "customers.csv", dtype=str, keep_default_na=False)
+    sample.assign(prompt="note " + sample["Customer Id"], messages=sample["City"]).to_csv(root / "csv" / "customers.csv", index=False)
     server = HubServer({"kit/blip3o-style": Repo({"main": root / "blip"}),
                         "kit/customers": Repo({"main": root / "csv"}, private_token=HUB_TOKEN)})
     url = server.start()
