@@ -10,6 +10,11 @@ processor), on the text notebook's plan and requests, in one process and one Ray
   (~5 ms of CPU a row through ``ServeDeploymentProcessorConfig`` on a 2-core CPU) paid once a batch.
 - ``echo``: the kept side's path to a deployment with no model (empty answers): Serve's cost a row alone.
 
+With ``--params '{"CONFIDENCE": true}'`` the per-run and kept-batch sides ask what the notebook asks for each
+answer's confidence (20 candidates a token, flat lists, no candidate decoding) and compute it as the
+notebook's ``postprocess`` does (``labels.confidence``): the per-run side in its postprocess tasks, the
+kept-batch side in its stage actor from the token ids and log-probabilities the replica sends as lists.
+
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
 requests go as plain dicts (``--requests dict``, the default: the deployment's ``chat`` builds vLLM's
@@ -62,8 +67,8 @@ def rate(marks: list[tuple[float, int]]) -> tuple[float, float, float]:
 
 def consume(ds) -> dict[str, Any]:
     """Every row of ``ds`` pulled to this process: (time, rows so far) per batch, answers, token counts,
-    errors."""
-    start, marks, answers, errors, tokens = time.time(), [], {}, [], []
+    errors, confidences (where asked)."""
+    start, marks, answers, errors, tokens, confidences = time.time(), [], {}, [], [], {}
     for batch in ds.iter_batches(batch_size=None, batch_format="pandas"):
         for row in batch.to_dict("records"):
             if row.get("__inference_error__"):
@@ -71,24 +76,28 @@ def consume(ds) -> dict[str, Any]:
             else:
                 answers[row["key"]] = row["answer"]
                 tokens.append((row["prompt_tokens"], row["generated_tokens"]))
+                if row.get("confidence") is not None:
+                    confidences[row["key"]] = row["confidence"]
         marks.append((time.time(), len(answers) + len(errors)))
-    return {"start": start, "marks": marks, "answers": answers, "errors": errors, "tokens": tokens}
+    return {"start": start, "marks": marks, "answers": answers, "errors": errors, "tokens": tokens, "confidences": confidences}
 
 
-def per_run_processor(plan: Any, env: dict[str, str], request_of):
-    """The text notebook's processor cell (CONFIDENCE off)."""
+def per_run_processor(plan: Any, env: dict[str, str], request_of, confidence=None):
+    """The text notebook's processor cell; ``confidence`` (``labels.confidence`` with the labels' texts): each
+    answer's, computed in the postprocess as the notebook's does."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     config = vLLMEngineProcessorConfig(
         model_source=plan.model_path, engine_kwargs=plan.engine_args, batch_size=plan.batch_size,
         max_concurrent_batches=plan.max_concurrent_batches, max_tasks_in_flight_per_actor=plan.max_tasks_in_flight_per_actor,
         concurrency=plan.actor_pool, tokenize_stage={"enabled": plan.tokenize_stage, "num_cpus": plan.stage_cpus},
-        detokenize_stage={"enabled": False, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
+        detokenize_stage={"enabled": confidence is not None, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
         log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **plan.placement)
     return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]},
                            postprocess=lambda row: {"key": row["key"], "answer": row["generated_text"],
                                                     "prompt_tokens": row["num_input_tokens"],
-                                                    "generated_tokens": row["num_generated_tokens"]},
+                                                    "generated_tokens": row["num_generated_tokens"],
+                                                    "confidence": confidence(row)["confidence"] if confidence else None},
                            preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
 
 
@@ -181,8 +190,12 @@ def deploy_batches(plan: Any, env: dict[str, str]) -> float:
                 prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
                 async for out in self.llm.generate(prompt, params, request_id=uuid.uuid4().hex):  # vLLM tokenizes it
                     final = out
-                return {"answer": final.outputs[0].text, "prompt_tokens": len(final.prompt_token_ids),
-                        "generated_tokens": len(final.outputs[0].token_ids), "__inference_error__": ""}
+                answer, flat = final.outputs[0], final.outputs[0].logprobs  # flat: vLLM's FlatLogprobs, or None
+                return {"answer": answer.text if params.detokenize else tokenizer.decode(answer.token_ids, skip_special_tokens=True),
+                        "prompt_tokens": len(final.prompt_token_ids), "generated_tokens": len(answer.token_ids),
+                        "__inference_error__": "", **({} if flat is None else {  # each step's candidates, as lists
+                            "token_ids": list(answer.token_ids), "steps": [[flat.token_ids[a:b], flat.logprobs[a:b]]
+                                                                           for a, b in zip(flat.start_indices, flat.end_indices)]})}
 
             done = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
             return [d if isinstance(d, dict) else {"__inference_error__": f"{d!r} from {d.__cause__!r}"[:500]} for d in done]
@@ -191,9 +204,9 @@ def deploy_batches(plan: Any, env: dict[str, str]) -> float:
     return serve_app(Engine.bind(plan.model_path, {**one_gpu, **plan.engine_args}), BATCH_NAME)
 
 
-def batches_run(plan: Any, request_of, ds):
+def batches_run(plan: Any, request_of, ds, confidence=None):
     """``ds`` through the kept-batch deployment: one stage actor per engine, each with the per-run side's
-    batches in flight (``max_concurrency``), one call per batch."""
+    batches in flight (``max_concurrency``), one call per batch; ``confidence`` as :func:`per_run_processor`'s."""
     import ray
 
     class Send:
@@ -206,7 +219,10 @@ def batches_run(plan: Any, request_of, ds):
             rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
             answers = await self.engine.generate.remote([request_of(row) for row in rows])
             yield {"key": [row["key"] for row in rows], **{k: [a.get(k) for a in answers] for k in (
-                "answer", "prompt_tokens", "generated_tokens", "__inference_error__")}}
+                "answer", "prompt_tokens", "generated_tokens", "__inference_error__")},
+                "confidence": [confidence({"generated_tokens": a["token_ids"], "logprobs": [
+                    {t: {"logprob": v} for t, v in zip(*step)} for step in a["steps"]]})["confidence"]
+                    if confidence and "steps" in a else None for a in answers]}
 
     return ds.map_batches(Send, batch_size=plan.batch_size, batch_format="numpy", num_cpus=0.5,
                           compute=ray.data.ActorPoolStrategy(size=plan.replicas),
@@ -268,7 +284,9 @@ def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
     print("RESULT " + line + (f"; errors e.g. {seen['errors'][:2]}" if seen["errors"] else ""), flush=True)
     for gpu in b.gpu_lines(gpus.busy(lo, hi)):
         print(f"  {side}, steady span, {gpu}")
-    return {"whole": marks[-1][0] - start, "steady": steady, "answers": seen["answers"]}
+    if seen["confidences"]:
+        print(f"  {side}, confidence: {len(seen['confidences'])} rows, mean {_mean(seen['confidences'].values()):.4f}")
+    return {"whole": marks[-1][0] - start, "steady": steady, "answers": seen["answers"], "confidences": seen["confidences"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = b.text_setup(csv, b.run_settings("text", json.loads(args.params)))
     plan, params = setup.plan, setup.params
     max_tokens = labels.max_tokens(plan, params["LABELS"])
+    confidence = labels.confidence_columns(plan, params["LABELS"]) if params["CONFIDENCE"] else None
     print(f"{setup.name}; {args.rows:,} prompts; plan: {plan.replicas} engine(s), {plan.engine_args}", flush=True)
     env = cluster.start(plan, False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -328,16 +347,16 @@ def main(argv: list[str] | None = None) -> int:
     with b.GpuSampler() as gpus:
         for side in sides:
             if side == "per-run":
-                got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]))(dataset(len(rows)))),
-                                   gpus)
+                got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]), confidence)(
+                    dataset(len(rows)))), gpus)
             elif side == "echo":
                 print(f"echo: the deployment is ready in {deploy_echo(plan):.1f} s", flush=True)
                 got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors,
                                                                 ECHO)(dataset(len(rows)))), gpus)
             elif side == "kept-batch":
                 print(f"kept-batch: the deployment is ready in {deploy_batches(plan, env):.1f} s", flush=True)
-                got[side] = report(side, consume(batches_run(plan, request_of(params["TASK"]), dataset(len(rows)))), gpus)
-                reruns(side, lambda task: batches_run(plan, request_of(task), dataset(args.rerun_rows)))
+                got[side] = report(side, consume(batches_run(plan, request_of(params["TASK"]), dataset(len(rows)), confidence)), gpus)
+                reruns(side, lambda task: batches_run(plan, request_of(task), dataset(args.rerun_rows), confidence))
                 serve.delete(BATCH_NAME)  # its engines leave the GPU to the next side's
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
@@ -349,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     for side in [s for s in ("kept", "kept-batch") if s in got and "per-run" in got]:
         a, k = got["per-run"], got[side]
         same = sum(a["answers"].get(key) == answer for key, answer in k["answers"].items())
+        near = sum(abs(a["confidences"].get(key, -9) - c) < 1e-3 for key, c in k["confidences"].items())
         print(f"RATIO {side} / per-run: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
-              f"(the deployment's start not counted); answers equal {same} of {len(k['answers'])}", flush=True)
+              f"(the deployment's start not counted); answers equal {same} of {len(k['answers'])}"
+              + (f"; confidences within 0.001: {near} of {len(k['confidences'])}" if k["confidences"] else ""), flush=True)
     return 0
 
 

@@ -69,7 +69,8 @@
 #                                           # (bench_kept_engines.py): ROWS prompts (100,000) each, 8B shape, GPUS (1) GPUs,
 #                                           # SIDES in order (per-run,kept; kept-batch: a plain Serve deployment taking
 #                                           # a batch per call; echo: Serve's path with no model), 3 short re-runs
-#                                           # on each side's kept engines
+#                                           # on each side's kept engines; CONFIDENCE=1: with each answer's
+#                                           # confidence (the per-run and kept-batch sides)
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run all twice in one live kernel, the prompt changed
 #                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
@@ -400,7 +401,7 @@ sys.exit(0 if checked.ok else 1)
 PY
       ;;
     kept8b) CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((${GPUS:-1} - 1))) python3 benchmarks/bench_kept_engines.py --rows "${ROWS:-100000}" --sides "${SIDES:-per-run,kept}" \
-      --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"}" ;;
+      --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"${CONFIDENCE:+, \"CONFIDENCE\": true}}" ;;
     text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
     text8b-gpus[1-9]) n=${step#text8b-gpus}
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/gpus$n "$llama" "${ROWS:-100000}" '{}' ;;

@@ -404,6 +404,19 @@ def test_the_kept_engines_benchmark_answers_every_row_through_the_deployment(tmp
     assert results[1:] == [] if side == "echo" else f"RESULT {side} re-run 1: 5 rows (0 errors)" in results[1], results
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # two sides of 20 rows with log-probabilities (outside CI's hour)
+def test_the_kept_batch_side_computes_each_answers_confidence_as_the_per_run_side_does(tmp_path, repo):
+    done = subprocess.run([sys.executable, "benchmarks/bench_kept_engines.py", "--rows", "20", "--sides", "per-run,kept-batch",
+                           "--reruns", "0", "--params", '{"CONFIDENCE": true}', "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=repo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "per-run, confidence: 20 rows" in done.stdout and "kept-batch, confidence: 20 rows" in done.stdout, done.stdout
+    (ratio,) = [line for line in done.stdout.splitlines() if line.startswith("RATIO kept-batch")]
+    equal, near = map(int, re.search(r"answers equal (\d+) of 20; confidences within 0.001: (\d+) of 20", ratio).groups())
+    assert equal >= 16 and near >= 16, ratio  # greedy answers may differ between two correct CPU runs
+
+
 def test_the_examples_are_the_notebooks():
     """The example row whose request the kit records in ``run.json`` (compared with raw's): the text
     notebook's ``{TEXT_COLUMN: "Walmart"}``; the captioning notebook's ``images.example``."""
