@@ -115,9 +115,9 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
 
 
 def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
-    """An Arrow batch in ``columns``: rows that skipped or failed the engine get their ``stage`` and
-    ``error``, keep ``kept`` and have nulls for yours; the id and ``kept`` as they entered (``INPUT``). Columns Ray pickled (mixed types) are typed again
-    (as Arrow infers, else text); Ray's ``row_hash`` as uint64, as resuming compares it."""
+    """An Arrow batch in ``columns``: rows that skipped or failed the engine get their ``stage`` and ``error``,
+    keep the id and ``kept`` (as they entered: ``INPUT`` + name) and have nulls for yours. Columns Ray pickled
+    (mixed types) are typed again (as Arrow infers, else text); Ray's ``row_hash`` as uint64, as resuming compares it."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
