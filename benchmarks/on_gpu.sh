@@ -272,9 +272,8 @@ for name, extra in (("kit", {}), ("control", {"max_concurrent_batches": 72}), ("
           + "; ".join(b.gpu_lines(seen["gpu"])), flush=True)
     plan = b.caption_setup(images, settings).plan
     why = dict(plan.reasons)
-    print(f"  settings: max_concurrent_batches {plan.max_concurrent_batches} ({why.get('max_concurrent_batches', 'given')}), "
-          f"max_tasks_in_flight_per_actor {plan.max_tasks_in_flight_per_actor} "
-          f"({why.get('max_tasks_in_flight_per_actor', 'Ray decides')})", flush=True)
+    print(f"  settings: max_concurrent_batches {plan.max_concurrent_batches} ({why.get('max_concurrent_batches', 'given')})",
+          flush=True)
 PY
     ;;
     # `make job` on this machine: both notebooks, defaults, every GPU; each one's time, summary and settings table.

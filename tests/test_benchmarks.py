@@ -456,7 +456,7 @@ def test_cell_profiler_runs_each_notebooks_cells_up_to_the_pipeline_with_its_par
         cells = profiler.code_cells(notebook, {"LIMIT": "12"})
         sources = [source for _, source in cells]
         assert sources[0].startswith("import") and profiler.PIPELINE_CELL not in "".join(sources)
-        assert any("build_processor(" in s for s in sources)  # up to and with the processor cell
+        assert any("engines.start(" in s for s in sources)  # up to and with the engines cell
         [parameters] = [s for s in sources if "\nLIMIT = 12" in s]
         assert parameters.index("\nLIMIT = 12") > parameters.index("LIMIT = None")  # set after, as papermill does
         # The run cell it stops at is the notebook's (the cell after the last one it runs).
