@@ -378,6 +378,7 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     import logging
 
     import ray
+    import ray.serve  # noqa: F401  (importing it sets its logger's level: set here after, for the engines' start)
 
     raise_if(flag("VERBOSE", verbose))
     needs = Needs(plan.replicas, plan.replicas,  # an engine each, and a stage actor sending it batches
@@ -390,8 +391,8 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     context.enable_progress_bars = verbose  # the kit shows one line of its own
     if not verbose:  # notices a person cannot act on; VERBOSE keeps them
         context.issue_detectors_config.detectors = []  # memory hints every 30 s
-        for name in ("ray.data", "ray._private.worker", "ray._private.authentication", "ray.data._internal.progress",
-                     *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm"))):
+        for name in ("ray.data", "ray.serve", "ray._private.worker", "ray._private.authentication",
+                     "ray.data._internal.progress", *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm"))):
             logging.getLogger(name).setLevel(logging.ERROR)
     env = engine_env(plan, joined)
     cpus = None if joined else max(os.cpu_count() or 1, math.ceil(needs.reserved + needs.task_cpus))
