@@ -397,14 +397,14 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     env = engine_env(plan, joined)
     cpus = None if joined else max(os.cpu_count() or 1, math.ceil(needs.reserved + needs.task_cpus))
     wanted = (address if joined else "local", verbose, cpus)
-    if ray.is_initialized() and _connected.get("ray") != wanted:  # kept otherwise: with it, the engines
-        ray.shutdown()
+    if ray.is_initialized() and _connected.get("ray") != (*wanted, ray.get_runtime_context().get_job_id()):
+        ray.shutdown()  # kept only where this kernel started it so before: with it, the engines
     if not ray.is_initialized() and joined:
         _token_auth()
         ray.init(address=address, log_to_driver=verbose, runtime_env={"env_vars": env})
     elif not ray.is_initialized():  # a local Ray's workers inherit this process's environment
         ray.init(address="local", num_cpus=cpus, log_to_driver=verbose)
-    _connected["ray"] = wanted
+    _connected["ray"] = (*wanted, ray.get_runtime_context().get_job_id())
     cluster, why = read_cluster(), ""
     if joined and problems(cluster, needs):
         cluster, why = wait_for(cluster, needs.bundles(), lambda c: problems(c, needs), timeout_s=plan.startup_timeout_s)

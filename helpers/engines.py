@@ -97,7 +97,9 @@ def free(engines: Engines | str, quiet: bool = False) -> None:
     from ray import serve
 
     name = engines if isinstance(engines, str) else engines.name
-    _kept.pop(name, None)
+    started = _kept.pop(name, None)
+    if started is not None and started.thread is not threading.current_thread():
+        started.thread.join()  # a start under way ends first (Serve's calls would start Ray again after it stops)
     if ray.is_initialized() and name in serve.status().applications:
         serve.delete(name)
         quiet or print("the engines are stopped: they hold no GPU or CPU now")
