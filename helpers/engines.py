@@ -40,7 +40,8 @@ class Engines:
                                    "from 'Start the engines'.")
         self.thread.join(self.plan.startup_timeout_s)
         if self.thread.is_alive() or self.failed:
-            free(self, quiet=True)
+            _kept.pop(self.name, None)  # first: a start that never ends is not waited for
+            free(self.name, quiet=True)
             why = repr(self.failed[0]) if self.failed else f"not ready in {self.plan.startup_timeout_s} s"
             raise EngineStartError(f"The engines did not start ({why}). Ray's logs say why (VERBOSE=True shows them); "
                                    "for a big model or a cluster adding GPUs, raise ENGINE['startup_timeout_s'].")
