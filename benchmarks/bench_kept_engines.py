@@ -1,19 +1,18 @@
-"""Engines kept between runs (Ray Serve LLM) against the kit's per-run engines (Ray Data LLM's vLLM
-processor), on the text notebook's plan and requests, in one process and one Ray session:
+"""The kit's engines, kept between runs, against Ray Data LLM's engines started per run, on the text
+notebook's plan and requests, in one process and one Ray session:
 
-- ``per-run``: the notebook's ``vLLMEngineProcessorConfig``: each run starts its engines.
+- ``per-run``: Ray Data LLM's ``vLLMEngineProcessorConfig`` with the plan's settings (the notebook's
+  processor cell until the kit kept its engines): each run starts its engines.
+- ``kept-batch``: the notebook's own path: ``engines.start`` (vLLM's ``AsyncLLM`` in a Serve deployment, a
+  replica per engine), your ``preprocess`` mapped, ``engines.answer`` (a batch of requests per call),
+  your ``postprocess`` mapped; then short re-runs with the prompt changed, each timed to its last result.
 - ``kept``: the same engine arguments in a Ray Serve LLM deployment (``LLMConfig``, no HTTP proxy),
-  started once, driven by Ray Data LLM's ``ServeDeploymentProcessorConfig``; then short re-runs with the
-  prompt changed, each timed to its first and last result.
-- ``kept-batch``: the same engines in a plain Serve deployment (vLLM's ``AsyncLLM`` in each replica) that
-  takes a whole batch per call, driven by a Ray Data ``map_batches`` stage: Serve's per-request cost
-  (~5 ms of CPU a row through ``ServeDeploymentProcessorConfig`` on a 2-core CPU) paid once a batch.
+  started once, driven by Ray Data LLM's ``ServeDeploymentProcessorConfig`` (a request per row).
 - ``echo``: the kept side's path to a deployment with no model (empty answers): Serve's cost a row alone.
 
 With ``--params '{"CONFIDENCE": true}'`` the per-run and kept-batch sides ask what the notebook asks for each
 answer's confidence (20 candidates a token, flat lists, no candidate decoding) and compute it as the
-notebook's ``postprocess`` does (``labels.confidence``): the per-run side in its postprocess tasks, the
-kept-batch side in its stage actor from the token ids and log-probabilities the replica sends as lists.
+notebook's ``postprocess`` does (``labels.confidence``), in Ray Data's postprocess tasks.
 
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
@@ -83,22 +82,33 @@ def consume(ds) -> dict[str, Any]:
 
 
 def per_run_processor(plan: Any, env: dict[str, str], request_of, confidence=None):
-    """The text notebook's processor cell; ``confidence`` (``labels.confidence`` with the labels' texts): each
-    answer's, computed in the postprocess as the notebook's does."""
+    """Ray Data LLM's processor on the plan (a tokenize stage of its own on a GPU, as the notebook had it);
+    ``confidence`` (``labels.confidence`` with the labels' texts): each answer's, computed in the postprocess."""
     from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     config = vLLMEngineProcessorConfig(
         model_source=plan.model_path, engine_kwargs=plan.engine_args, batch_size=plan.batch_size,
-        max_concurrent_batches=plan.max_concurrent_batches, max_tasks_in_flight_per_actor=plan.max_tasks_in_flight_per_actor,
-        concurrency=plan.actor_pool, tokenize_stage={"enabled": plan.tokenize_stage, "num_cpus": plan.stage_cpus},
+        max_concurrent_batches=plan.max_concurrent_batches, concurrency=plan.actor_pool,
+        tokenize_stage={"enabled": bool(plan.accelerator_type), "num_cpus": plan.stage_cpus},
         detokenize_stage={"enabled": confidence is not None, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
         log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **plan.placement)
-    return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]},
-                           postprocess=lambda row: {"key": row["key"], "answer": row["generated_text"],
-                                                    "prompt_tokens": row["num_input_tokens"],
-                                                    "generated_tokens": row["num_generated_tokens"],
-                                                    "confidence": confidence(row)["confidence"] if confidence else None},
+    return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]}, postprocess=answered(confidence),
                            preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
+
+
+def answered(confidence=None):
+    """The benchmark's postprocess, on both sides: the answer, its tokens, its confidence where asked."""
+    return lambda row: {"key": row["key"], "answer": row.get("generated_text"), "prompt_tokens": row.get("num_input_tokens"),
+                        "generated_tokens": row.get("num_generated_tokens"), "__inference_error__": row.get("__inference_error__") or "",
+                        "confidence": confidence(row)["confidence"] if confidence and not row.get("__inference_error__") else None}
+
+
+def kit_run(plan: Any, kept: Any, request_of, ds, confidence=None):
+    """``ds`` as the notebook's run cell runs it, on the engines ``engines.start`` started (``kept``)."""
+    from helpers import engines
+
+    requests = ds.map(lambda row: {**request_of(row), "key": row["key"]}, num_cpus=plan.stage_cpus)
+    return engines.answer(requests, kept).map(answered(confidence), num_cpus=plan.stage_cpus)
 
 
 def engine_env(placement: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
@@ -153,80 +163,6 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
                            runtime_env={"env_vars": env}, log_engine_metrics=False,
                            deployment_config={"num_replicas": plan.replicas, "max_ongoing_requests": 100_000})
     return serve_app(build_llm_deployment(llm_config, override_serve_options={"name": NAME}, deployment_cls=DictServer), NAME)
-
-
-BATCH_NAME = "kit-text-batches"  # the kept-batch side's deployment and application
-
-
-def deploy_batches(plan: Any, env: dict[str, str]) -> float:
-    """The plan's engines kept in a plain Serve deployment (a replica per engine, vLLM's ``AsyncLLM`` in it,
-    placed as the per-run processor places its engines) that takes a whole batch of requests in one call:
-    Serve's cost is paid per batch, not per row. Seconds until it is ready."""
-    from ray import serve
-
-    @serve.deployment(name=BATCH_NAME, num_replicas=plan.replicas, max_ongoing_requests=1_000,
-                      ray_actor_options={"num_cpus": 1, "num_gpus": plan.gpus_per_replica, "runtime_env": {"env_vars": env}})
-    class Engine:
-        def __init__(self, model: str, engine_args: dict[str, Any]):
-            from vllm import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **engine_args))
-
-        async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-            """Each request's answer, or its error as text (with its cause); the chat template applied here."""
-            import asyncio
-            import uuid
-
-            from vllm import SamplingParams
-            from vllm.sampling_params import StructuredOutputsParams
-
-            tokenizer = self.llm.get_tokenizer()
-
-            async def one(request):
-                sampling = dict(request["sampling_params"])
-                choice = sampling.pop("structured_outputs", None)
-                params = SamplingParams(**sampling, structured_outputs=StructuredOutputsParams(**choice) if choice else None)
-                prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
-                async for out in self.llm.generate(prompt, params, request_id=uuid.uuid4().hex):  # vLLM tokenizes it
-                    final = out
-                answer, flat = final.outputs[0], final.outputs[0].logprobs  # flat: vLLM's FlatLogprobs, or None
-                return {"answer": answer.text if params.detokenize else tokenizer.decode(answer.token_ids, skip_special_tokens=True),
-                        "prompt_tokens": len(final.prompt_token_ids), "generated_tokens": len(answer.token_ids),
-                        "__inference_error__": "", **({} if flat is None else {  # each step's candidates, as lists
-                            "token_ids": list(answer.token_ids), "steps": [[flat.token_ids[a:b], flat.logprobs[a:b]]
-                                                                           for a, b in zip(flat.start_indices, flat.end_indices)]})}
-
-            done = await asyncio.gather(*(one(r) for r in requests), return_exceptions=True)
-            return [d if isinstance(d, dict) else {"__inference_error__": f"{d!r} from {d.__cause__!r}"[:500]} for d in done]
-
-    one_gpu = {"distributed_executor_backend": "uni"} if plan.world == 1 else {}  # as Ray Data LLM's vLLM stage asks
-    return serve_app(Engine.bind(plan.model_path, {**one_gpu, **plan.engine_args}), BATCH_NAME)
-
-
-def batches_run(plan: Any, request_of, ds, confidence=None):
-    """``ds`` through the kept-batch deployment: one stage actor per engine, each with the per-run side's
-    batches in flight (``max_concurrency``), one call per batch; ``confidence`` as :func:`per_run_processor`'s."""
-    import ray
-
-    class Send:
-        def __init__(self):
-            from ray import serve
-
-            self.engine = serve.get_deployment_handle(BATCH_NAME, BATCH_NAME)
-
-        async def __call__(self, batch: dict[str, Any]):
-            rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
-            answers = await self.engine.generate.remote([request_of(row) for row in rows])
-            yield {"key": [row["key"] for row in rows], **{k: [a.get(k) for a in answers] for k in (
-                "answer", "prompt_tokens", "generated_tokens", "__inference_error__")},
-                "confidence": [confidence({"generated_tokens": a["token_ids"], "logprobs": [
-                    {t: {"logprob": v} for t, v in zip(*step)} for step in a["steps"]]})["confidence"]
-                    if confidence and "steps" in a else None for a in answers]}
-
-    return ds.map_batches(Send, batch_size=plan.batch_size, batch_format="numpy", num_cpus=0.5,
-                          compute=ray.data.ActorPoolStrategy(size=plan.replicas),
-                          max_concurrency=plan.max_concurrent_batches)
 
 
 ECHO = "kit-text-echo"  # the echo side's deployment and application
@@ -312,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import serve
 
-    from helpers import cluster, labels
+    from helpers import cluster, engines, labels
 
     csv = args.workdir / f"input-{args.rows}" / "companies.csv"
     if not csv.exists():
@@ -354,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                 got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors,
                                                                 ECHO)(dataset(len(rows)))), gpus)
             elif side == "kept-batch":
-                print(f"kept-batch: the deployment is ready in {deploy_batches(plan, env):.1f} s", flush=True)
-                got[side] = report(side, consume(batches_run(plan, request_of(params["TASK"]), dataset(len(rows)), confidence)), gpus)
-                reruns(side, lambda task: batches_run(plan, request_of(task), dataset(args.rerun_rows), confidence))
-                serve.delete(BATCH_NAME)  # its engines leave the GPU to the next side's
+                started, kept = time.perf_counter(), engines.start(plan, env, "bench-kept-engines")
+                kept.ready()
+                print(f"kept-batch: the engines are ready in {time.perf_counter() - started:.1f} s", flush=True)
+                got[side] = report(side, consume(kit_run(plan, kept, request_of(params["TASK"]), dataset(len(rows)), confidence)), gpus)
+                reruns(side, lambda task: kit_run(plan, kept, request_of(task), dataset(args.rerun_rows), confidence))
+                engines.free(kept, quiet=True)  # the GPU to the next side
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
                 got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors)(dataset(len(rows)))),

@@ -65,14 +65,14 @@
 #                                           # wall time and the slowest modules (python -X importtime)
 #   bash benchmarks/on_gpu.sh gpu-detect    # the GPUs as the kit reads them from CUDA's driver (cluster.local_gpus)
 #                                           # beside torch's numbers; then with no GPU visible
-#   bash benchmarks/on_gpu.sh kept8b        # engines kept in a Ray Serve LLM deployment against the per-run processor
+#   bash benchmarks/on_gpu.sh kept8b        # the kit's kept engines against Ray Data LLM's per-run processor
 #                                           # (bench_kept_engines.py): ROWS prompts (100,000) each, 8B shape, GPUS (1) GPUs,
-#                                           # SIDES in order (per-run,kept; kept-batch: a plain Serve deployment taking
-#                                           # a batch per call; echo: Serve's path with no model), 3 short re-runs
+#                                           # SIDES in order (per-run,kept; kept-batch: the kit's engines, a batch per
+#                                           # call; kept: Serve LLM; echo: Serve's path with no model), 3 short re-runs
 #                                           # on each side's kept engines; CONFIDENCE=1: with each answer's
 #                                           # confidence (the per-run and kept-batch sides)
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
-#                                           # notebook run all twice in one live kernel, the prompt changed
+#                                           # notebook run twice in one live kernel (engines kept), the prompt changed
 #                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
 # Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
 # in seconds from the notebook's first cell.
@@ -272,9 +272,8 @@ for name, extra in (("kit", {}), ("control", {"max_concurrent_batches": 72}), ("
           + "; ".join(b.gpu_lines(seen["gpu"])), flush=True)
     plan = b.caption_setup(images, settings).plan
     why = dict(plan.reasons)
-    print(f"  settings: max_concurrent_batches {plan.max_concurrent_batches} ({why.get('max_concurrent_batches', 'given')}), "
-          f"max_tasks_in_flight_per_actor {plan.max_tasks_in_flight_per_actor} "
-          f"({why.get('max_tasks_in_flight_per_actor', 'Ray decides')})", flush=True)
+    print(f"  settings: max_concurrent_batches {plan.max_concurrent_batches} ({why.get('max_concurrent_batches', 'given')})",
+          flush=True)
 PY
     ;;
     # `make job` on this machine: both notebooks, defaults, every GPU; each one's time, summary and settings table.

@@ -1,4 +1,4 @@
-"""Where a notebook's time goes before its pipeline: run its cells up to (not including) the pipeline
+"""Where a notebook's time goes before its pipeline: run its cells up to (not including) the engines' start
 cell in this process, as a kernel would, and print each cell's seconds and, for the slow ones, the
 calls that took them (cProfile, cumulative time).
 
@@ -25,10 +25,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE_CELL = "pipeline.write("  # the run cell: the first that runs the pipeline (and writes results)
+ENGINES_CELL = "engines.start("  # the cell before it that starts the engines (in the background): not profiled
 
 
 def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]]:
-    """The notebook's code cells before its pipeline cell, with ``overrides`` set after the
+    """The notebook's code cells before the one that starts its engines, with ``overrides`` set after the
     parameters cell (as papermill injects them) and IPython-only lines left out."""
     import nbformat
 
@@ -37,7 +38,7 @@ def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        if PIPELINE_CELL in cell.source:
+        if ENGINES_CELL in cell.source:
             break
         source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("display("))
         if "parameters" in cell.metadata.get("tags", []):

@@ -4,7 +4,8 @@
   checked and resized to a vision model's grid, and read in their layouts.
 - ``presets``: the named configurations; ``config``: one fitted to your GPUs and rows, with its reasons.
 - ``cluster``: Ray started or joined, the GPUs read, the autoscaler asked; ``models``: the offline models.
-- ``run_folder``: ``OUTPUT_DIR``'s life; ``pipeline``: your functions guarded, the write, the tables.
+- ``engines``: vLLM's engines kept up between runs; ``run_folder``: ``OUTPUT_DIR``'s life; ``pipeline``: your
+  functions guarded, the write, the tables.
 - ``progress``: what a running pipeline shows; ``report``: the summary that accounts for every row;
   ``labels``: the labels' token budget, each answer's confidence, accuracy and its charts.
 - ``storage``: paths, buckets and the Hub; ``parameters``: the parameters' shared checks.

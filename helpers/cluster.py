@@ -368,6 +368,9 @@ def engine_env(plan: Any, joined: bool) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in taken}
 
 
+_connected: dict[str, tuple] = {}  # how this kernel started or joined Ray: a run with the same keeps it
+
+
 def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     """Join the cluster ``RAY_ADDRESS`` names (a Ray job sets it) or start Ray here with room for every
     stage; ask the autoscaler for what is missing; refuse what can never be scheduled, or a model folder
@@ -375,9 +378,10 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     import logging
 
     import ray
+    import ray.serve  # noqa: F401  (importing it sets its logger's level: set here after, for the engines' start)
 
     raise_if(flag("VERBOSE", verbose))
-    needs = Needs(plan.replicas, plan.replicas * (2 if plan.tokenize_stage or plan.task == "vision" else 1),
+    needs = Needs(plan.replicas, plan.replicas,  # an engine each, and a stage actor sending it batches
                   plan.stage_cpus, ray_label(plan.accelerator_type) if plan.accelerator_type else None,
                   plan.gpus_per_replica, plan.pipeline_parallel_size)
     address = os.environ.get("RAY_ADDRESS")
@@ -387,18 +391,20 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     context.enable_progress_bars = verbose  # the kit shows one line of its own
     if not verbose:  # notices a person cannot act on; VERBOSE keeps them
         context.issue_detectors_config.detectors = []  # memory hints every 30 s
-        for name in ("ray.data", "ray._private.worker", "ray._private.authentication", "ray.data._internal.progress",
-                     *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm"))):
+        for name in ("ray.data", "ray.serve", "ray._private.worker", "ray._private.authentication",
+                     "ray.data._internal.progress", *(n for n in list(logging.root.manager.loggerDict) if n.startswith("ray.llm"))):
             logging.getLogger(name).setLevel(logging.ERROR)
     env = engine_env(plan, joined)
-    if ray.is_initialized():
-        ray.shutdown()
-    if joined:
+    cpus = None if joined else max(os.cpu_count() or 1, math.ceil(needs.reserved + needs.task_cpus))
+    wanted = (address if joined else "local", verbose, cpus)
+    if ray.is_initialized() and _connected.get("ray") != (*wanted, ray.get_runtime_context().get_job_id()):
+        ray.shutdown()  # kept only where this kernel started it so before: with it, the engines
+    if not ray.is_initialized() and joined:
         _token_auth()
         ray.init(address=address, log_to_driver=verbose, runtime_env={"env_vars": env})
-    else:  # a local Ray's workers inherit this process's environment
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, math.ceil(needs.reserved + needs.task_cpus)),
-                 log_to_driver=verbose)
+    elif not ray.is_initialized():  # a local Ray's workers inherit this process's environment
+        ray.init(address="local", num_cpus=cpus, log_to_driver=verbose)
+    _connected["ray"] = (*wanted, ray.get_runtime_context().get_job_id())
     cluster, why = read_cluster(), ""
     if joined and problems(cluster, needs):
         cluster, why = wait_for(cluster, needs.bundles(), lambda c: problems(c, needs), timeout_s=plan.startup_timeout_s)

@@ -29,7 +29,7 @@ ENGINE_KEYS = {
     "gpu_memory_utilization": lambda v: is_number(v) and 0 < v <= 1,
     **dict.fromkeys(("quantization", "dtype"), lambda v: v is None or isinstance(v, str)),
     **dict.fromkeys(("enforce_eager", "torch_compile", "trust_remote_code"), lambda v: isinstance(v, bool)),
-    "tokenize_stage": lambda v: isinstance(v, bool), "stage_cpus": lambda v: is_number(v) and 0 < v <= 8,
+    "stage_cpus": lambda v: is_number(v) and 0 < v <= 8,
     "kv_cache_gib": lambda v: is_int(v) and v >= 1, "engine_kwargs": lambda v: isinstance(v, dict),
 }
 
@@ -146,8 +146,6 @@ def _settle(chosen: Preset, given: Mapping[str, Any], rows: int | None, estimate
     if plan.world > 1 and plan.replicas_per_gpu > 1:
         raise ConfigurationError(f"replicas_per_gpu={plan.replicas_per_gpu}: a replica over {plan.world} GPUs "
                                  "(tensor or pipeline parallelism) cannot share them")
-    if plan.task == "vision" and plan.tokenize_stage:
-        raise ConfigurationError("tokenize_stage is for text: vLLM places an image's tokens itself")
     known = None if estimated else rows  # short-run choices only on rows known before reading
     return _decide(plan, set(given), known).override(rows=rows, rows_estimated=estimated)
 
@@ -173,10 +171,6 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
     """The values the preset leaves to the kit, each with its reason, for a run of ``rows`` (if known)."""
     why = dict(p.reasons)
     changes: dict[str, Any] = {}
-    if p.tokenize_stage is None:
-        changes["tokenize_stage"] = bool(p.accelerator_type) and p.task == "text"
-        why["tokenize_stage"] = ("a GPU: the engine actor's one thread only feeds the engine" if changes["tokenize_stage"]
-                                 else "vLLM places image tokens itself" if p.task == "vision" else "a CPU: one actor fewer on the cores")
     if p.stage_cpus is None:
         changes["stage_cpus"] = 1.0 if p.accelerator_type else 0.1
         why["stage_cpus"] = ("a GPU: one light task per core, fewer worker processes to start" if p.accelerator_type
@@ -189,13 +183,6 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
         changes["one_process"] = True
         why["one_process"] = f"{rows:,} rows: the model runs in vLLM's engine process, sooner to start, slower to compute"
     batches = p.max_concurrent_batches
-    low, high = p.actor_pool
-    if rows is not None and low == high > 1 and "max_concurrent_batches" not in given:
-        share = max(1, -(-rows // p.batch_size) // high or 1)
-        if share < 2 * batches:  # Ray hands the replica ready first 2 x max_concurrent_batches: maybe all there are
-            changes["max_tasks_in_flight_per_actor"] = share
-            changes["max_concurrent_batches"] = batches = min(share, batches)
-            why["max_tasks_in_flight_per_actor"] = f"{rows:,} rows: at most {share} batches to a replica at once, so all get some"
     if "num_blocks" not in given:
         # Twice the blocks all replicas hold at once, so the replica ready first cannot take them all;
         # and blocks of at most a batch where the rows are known (a bigger block is one engine task).
@@ -237,7 +224,7 @@ def check(p: Preset, rows: int | None = None) -> list[str]:
 
 SHOWN = ("model_source", "accelerator_type", "concurrency", "replicas_per_gpu", "tensor_parallel_size", "batch_size",
          "max_concurrent_batches", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
-         "enforce_eager", "torch_compile", "tokenize_stage", "stage_cpus", "startup_timeout_s")
+         "enforce_eager", "torch_compile", "stage_cpus", "startup_timeout_s")
 
 
 def table(p: Preset) -> pd.DataFrame:

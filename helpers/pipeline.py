@@ -83,7 +83,7 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
     kept = [c for c in keep if c not in yours and c not in KIT_COLUMNS]
     columns = (ROW_ID, *kept, *yours, *TOKENS, ERROR, STAGE)
 
-    def pre(row: dict[str, Any]) -> dict[str, Any]:
+    def _preprocess(row: dict[str, Any]) -> dict[str, Any]:
         # Rejected rows carry the example's request: Ray merges blocks column by column, and a block of
         # rejects without one reads as nulls (integer settings become floats, which vLLM refuses).
         saved = {INPUT + c: row.get(c) for c in (ROW_ID, *kept)}
@@ -94,8 +94,10 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
         except Exception as exc:  # one row's problem, never the run's
             return {**request, **saved, INFERENCE_ERROR: _fails("preprocess", exc), STAGE: REJECTED}
 
-    def post(row: dict[str, Any]) -> dict[str, Any]:
+    def _postprocess(row: dict[str, Any]) -> dict[str, Any]:
         base = {INPUT + c: row.get(INPUT + c) for c in (ROW_ID, *kept)}
+        if row.get(INFERENCE_ERROR):  # rejected, or failed in the engines: passed by, as Ray Data LLM does
+            return {**base, INFERENCE_ERROR: row[INFERENCE_ERROR], STAGE: row.get(STAGE) or ENGINE}
         try:
             out = dict(postprocess(row))
             if other := sorted(set(out) - set(yours)):
@@ -111,7 +113,7 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
         code = inspect.getsource(postprocess)
     except (OSError, TypeError):
         code = getattr(getattr(postprocess, "__code__", None), "co_code", b"").hex()
-    return Functions(pre, post, request, columns, tuple(kept), code)
+    return Functions(_preprocess, _postprocess, request, columns, tuple(kept), code)
 
 
 def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
@@ -195,7 +197,7 @@ class Written:
         hours = whole_input / self.steady / 3600 if whole_input and self.steady > 0 else None
         gpus = self.run.plan.gpus
         table = pd.Series({
-            "rows written in this run": self.rows_written, "wall time, engine start included (s)": round(self.seconds, 1),
+            "rows written in this run": self.rows_written, "wall time (s)": round(self.seconds, 1),
             "rows/s, end to end": round(rate, 2), "rows/s, steady state": round(self.steady, 2),
             "steady state": self.steady_basis, "input tokens/row": round(answered[TOKENS[0]].sum() / per, 1),
             "output tokens/row": round(answered[TOKENS[1]].sum() / per, 2),
@@ -276,8 +278,7 @@ def write(run: Any, results, answered_name: str) -> Written:
     started = time.perf_counter()
     try:
         with warnings.catch_warnings(), run.lock.fresh(), progress.shown(
-                parts, total=max(rows - run.rows_done, 0) if rows else None, about=plan.rows_estimated,
-                timeout_s=plan.startup_timeout_s):
+                parts, total=max(rows - run.rows_done, 0) if rows else None, about=plan.rows_estimated):
             warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")  # resumable or nothing
             finished.write_parquet(parts.path if fs else parts.uri, filesystem=fs, mode="append" if run.resuming else "overwrite",
                                    min_rows_per_file=rows_per_file(plan, rows), ray_remote_args={"num_cpus": plan.stage_cpus})

@@ -153,13 +153,11 @@ class Preset:
     dtype: str | None = None  # None: the checkpoint's (a CPU: what it computes fastest, see config)
     enforce_eager: bool = False
     torch_compile: bool = False
-    tokenize_stage: bool | None = None  # None: decided by config.fit
     stage_cpus: float | None = None  # Ray CPUs per light stage; None: decided by config.fit
     kv_cache_gib: int = 1  # a CPU engine's KV cache in GiB (vLLM would take a large share of RAM)
     trust_remote_code: bool = False
     startup_timeout_s: int = 600  # the GPUs (an autoscaler), then the first result file
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vLLM as they are
-    max_tasks_in_flight_per_actor: int | None = None
     one_process: bool = False
     gpu_memory_gib: float | None = None  # measured; None: the GPU table's
     fitted_to: Any = None  # "auto" on GPUs: the cluster it was planned for, planned again by config.fit_context

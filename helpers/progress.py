@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
 
-from helpers.parameters import Explained
 from helpers.storage import Location
 
 PROGRESS_ENV, HEARTBEAT_ENV = "LLM_KIT_PROGRESS", "LLM_KIT_HEARTBEAT_S"  # 0/1; seconds between log lines
@@ -59,24 +57,18 @@ def _rows(folder: Location, counted: dict) -> int:
 
 def line(seconds: float, rows: int, total: int | None, rate: float, about: bool = False, done: bool = False) -> str:
     if not rows and not done:
-        return f"{seconds:.0f} s: starting the engine and sending the first batches; no rows written yet"
+        return f"{seconds:.0f} s: sending the first batches; no rows written yet"
     of = f" of {'about ' if about else ''}{total:,}" if total else ""
     left = f", about {(total - rows) / rate / 60:.1f} min left" if total and rate > 0 and rows < total and not done else ""
     return f"{'done in ' if done else ''}{seconds:.0f} s: {rows:,}{of} rows written{f', {rate:.1f} rows/s' if rate > 0 else ''}{left}"
 
 
-class NoResultsInTime(Explained, TimeoutError):
-    """No result file came within the start-up timeout."""
-
-
 @contextlib.contextmanager
-def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float | None, every_s: float = 2.0,
-          display=None) -> Iterator[None]:
+def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 2.0, display=None) -> Iterator[None]:
     """While the code inside writes to ``folder``: the progress line (Jupyter) or a log line every
-    ``LLM_KIT_HEARTBEAT_S`` s (headless); a SIGINT (which wakes Ray's waits) if no result file comes
-    within ``timeout_s``: engines that cannot start would keep a run waiting forever."""
+    ``LLM_KIT_HEARTBEAT_S`` s (headless)."""
     counted: dict = {}
-    before, started, done, fired = _rows(folder, counted), time.monotonic(), threading.Event(), threading.Event()
+    before, started, done = _rows(folder, counted), time.monotonic(), threading.Event()
     person = interactive()
     beat_s = every_s if person else float(os.environ.get(HEARTBEAT_ENV, 60))
     if person:
@@ -107,25 +99,12 @@ def shown(folder: Location, *, total: int | None, about: bool, timeout_s: float 
         while not done.wait(1.0):
             if beat_s and time.monotonic() - state["shown"] >= beat_s:
                 show()
-            if timeout_s and not fired.is_set() and time.monotonic() - started > timeout_s and _rows(folder, counted) == before:
-                fired.set()
-                os.kill(os.getpid(), signal.SIGINT)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main and timeout_s else None
     threading.Thread(target=watch, daemon=True, name="progress").start()
     ended = False
     try:
         yield
         ended = True
-    except KeyboardInterrupt:
-        if fired.is_set():
-            raise NoResultsInTime(f"no results were written within {timeout_s:g} s (startup_timeout_s): the engine did not "
-                                  "start, or its first batch took longer. Ray's logs say why (here: /tmp/ray/session_latest/"
-                                  "logs); for a big model, raise ENGINE['startup_timeout_s'].") from None
-        raise
     finally:
         done.set()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
         show(final=ended)  # "done in ..." only for a write that ended

@@ -244,7 +244,7 @@ def test_a_job_on_a_cluster_that_scales_from_zero_on_a_spreadsheets_csv_behind_a
               # LIMIT is the first 10 rows in file order, whatever the blocks (Ray's own limit took the first
               # blocks to arrive: CI once read a set with one blank).
               "-p", "LIMIT", "10"]
-    engine = {"num_blocks": 5, "batch_size": 4, "tokenize_stage": True}  # Ray's tokenize stage, as on a GPU
+    engine = {"num_blocks": 5, "batch_size": 4}
     out = tmp_path / "job-results"
     report = out / "text_classification"
     # LLM_KIT_HEARTBEAT_S: a headless run's progress lines every 5 s (every minute by default). HF_TOKEN is
@@ -328,8 +328,7 @@ def test_a_named_gpu_preset_waits_for_its_gpus_and_one_no_node_type_has_is_refus
 AUTO = """
 import json, sys
 from helpers import cluster, config
-planned = config.fit("text", "auto", None, {"accelerator_type": sys.argv[1], "startup_timeout_s": 240, "stage_cpus": 0.1,
-                                            "tokenize_stage": False})
+planned = config.fit("text", "auto", None, {"accelerator_type": sys.argv[1], "startup_timeout_s": 240, "stage_cpus": 0.1})
 cluster.start(planned)
 print(json.dumps({"gpus": cluster.read_cluster().get("GPU"), "planned": [planned.accelerator_type, planned.concurrency],
                   "placement": planned.placement}))
@@ -347,7 +346,7 @@ ray.init(address=sys.argv[1], log_to_driver=False)
 actors = [gcs_pb2.ActorTableData.FromString(a) for a in state._connect_and_get_accessor().get_actor_table(None, None)]
 print(json.dumps({
     "engines": [{"node": a.address.node_id.hex(), "resources": dict(a.required_resources)}
-                for a in actors if "vLLMEngineStageUDF" in a.class_name],
+                for a in actors if a.class_name.startswith("ServeReplica:text_classification")],  # an engine's replica
     "nodes": {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}}))
 """
 

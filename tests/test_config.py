@@ -159,29 +159,21 @@ def test_engine_settings_win_and_the_table_says_where_each_value_came_from():
 
 def test_the_stages_and_the_dtype_are_decided_for_the_hardware(monkeypatch):
     h100 = seen(("H100", 1))
-    assert (fit(gpus=h100).tokenize_stage, fit(gpus=h100).stage_cpus) == (True, 1.0)
-    assert (fit().tokenize_stage, fit().stage_cpus) == (False, 0.1)
-    assert fit("vision", gpus=h100).tokenize_stage is False
-    assert fit(engine={"tokenize_stage": False}, gpus=h100).tokenize_stage is False  # yours wins
-    with pytest.raises(ConfigurationError, match="tokenize_stage is for text"):
-        fit("vision", engine={"tokenize_stage": True})
+    assert (fit(gpus=h100).stage_cpus, fit().stage_cpus, fit(engine={"stage_cpus": 0.5}).stage_cpus) == (1.0, 0.1, 0.5)
     monkeypatch.setattr(config, "_cpu_dtype", lambda: ("float32", "no bf16 here"))
     assert fit().engine_args["dtype"] == "float32" and config.table(fit()).loc["dtype", "why"] == "no bf16 here"
     assert "dtype" not in fit(gpus=h100).engine_args  # a GPU: the checkpoint's
 
 
 def test_what_a_short_run_changes(smollm2_path):
-    """Known few rows: a GPU engine skips graph capture, a CPU engine runs in vLLM's own process, and a
-    fixed pool of several replicas shares the few batches; long or unknown runs keep the defaults."""
+    """Known few rows: a GPU engine skips graph capture, a CPU engine runs in vLLM's own process; long or
+    unknown runs keep the defaults."""
     h100 = seen(("H100", 1))
     assert fit(rows=309, gpus=h100).enforce_eager and not fit(rows=5000, gpus=h100).enforce_eager
     assert not fit(gpus=h100).enforce_eager and fit(limit=1000, gpus=h100).enforce_eager
     assert not fit(rows=309, engine={"torch_compile": True}, gpus=h100).enforce_eager  # asked to compile
     assert fit(rows=100).one_process and not fit(rows=101).one_process and fit("vision", rows=24).one_process
     assert fit(rows=12).engine_args["distributed_executor_backend"] == presets.CPU_EXECUTOR
-    few = fit("vision", model=QWEN, limit=40, engine={"concurrency": 4, "max_model_len": 1024}, gpus=h100)
-    assert (few.max_tasks_in_flight_per_actor, few.max_concurrent_batches) == (1, 1)
-    assert fit("vision", model=QWEN, limit=10_000, engine={"concurrency": 2}, gpus=h100).max_tasks_in_flight_per_actor is None
 
 
 def test_read_blocks_hold_at_most_a_batch_where_the_rows_are_known_and_every_replica_gets_some():

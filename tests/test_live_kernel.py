@@ -140,7 +140,7 @@ def _assert_readable_run_cell(seen: dict, noun: str) -> None:
     """One progress display, updated in place; on stderr nothing but Ray's one known line (Ray's progress
     is not logged); an output a person can read."""
     assert all(RAY_LINE in line for line in seen["stderr"].splitlines() if line.strip()), seen["stderr"][-2000:]
-    progress = [d for d in seen["displays"] if "starting the engine" in d["data"].get("text/plain", "")]
+    progress = [d for d in seen["displays"] if "sending the first batches" in d["data"].get("text/plain", "")]
     assert len(progress) == 1, seen["displays"]
     shown = progress[0].get("transient", {}).get("display_id")
     lines = [u["data"]["text/plain"] for u in seen["updates"] if u.get("transient", {}).get("display_id") == shown]
@@ -155,20 +155,31 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
     kernel's environment as a user sets it: the token reaches no file the runs write."""
     server, url, root = hub
     out = tmp_path / "results"
-    # Step 1 tokenizes in Ray's stage of its own (as on a GPU), the later steps inside vLLM (the CPU default).
-    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 60, "ENGINE": {"tokenize_stage": True},
+    kernel = Kernel("text_classification", {"OUTPUT_DIR": str(out), "LIMIT": 60,
                                             "INPUT_PATH": "hf://datasets/kit/customers/customers.csv"},
                     env=hub_env(url, HUB_TOKEN))
+
+    def engines() -> list[str]:
+        """The engine replicas alive in the kernel's Ray: their actors' names (a new engine, a new name)."""
+        shown = kernel.run(0, source="print(sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True) "
+                                     "if a['name'].startswith('SERVE_REPLICA')))")
+        return eval(shown["stdout"])
+
     try:
         run_cell, prompt_cell = kernel.index("pipeline.write("), kernel.index("def postprocess(")
+        start_cell = kernel.index("engines.start(")
         # 1. Run all.
         seen = kernel.run_all()
         _assert_readable_run_cell(seen[run_cell], "rows")
         first = pd.read_parquet(out / "predictions.parquet")
         assert len(first) + len(pd.read_parquet(out / "errors.parquet")) == 60
 
-        # 2. The run cell again: a new run; the first one's files moved aside, byte for byte.
+        # 2. The run cell again (the last cell freed the engines: it says to start them again): a new run; the
+        # first one's files moved aside, byte for byte.
         finished = _files(out)
+        freed = kernel.run(run_cell)
+        assert freed["error"]["ename"] == "EngineStartError" and "run the cells again" in freed["error"]["evalue"]
+        assert "starting 1 engine(s)" in kernel.run(start_cell)["stdout"]
         again = kernel.run(run_cell)
         assert again["error"] is None and "starting fresh; the earlier files are kept in" in again["stdout"]
         (earlier,) = (out / "earlier").iterdir()
@@ -176,14 +187,17 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
 
         # 3. Edit the parameters, and the postprocess to return one more column (it was dropped once);
         # run from there, and interrupt the run cell after its first results. Batches of 8, one at a
-        # time: results come in many small files, so the interrupt finds the run part-way.
+        # time: results come in many small files, so the interrupt finds the run part-way. None of it needs
+        # new engines: the same ones answer (no engine starts, none stops).
+        running = engines()
         kernel.parameters.update(LIMIT=59, ENGINE={"batch_size": 8, "max_concurrent_batches": 1, "num_blocks": 16})
         kernel.run_all(kernel.index("INPUT_PATH = "), prompt_cell)
         edited = kernel.source(prompt_cell).replace(
             'answer = {"predicted_label": row["generated_text"].strip()}',
             'answer = {"predicted_label": row["generated_text"].strip(), "answer_chars": len(row["generated_text"])}')
         assert "answer_chars" in edited and kernel.run(prompt_cell, source=edited)["error"] is None
-        kernel.run_all(prompt_cell + 1, run_cell)
+        assert "started earlier are kept" in kernel.run_all(prompt_cell + 1, run_cell)[start_cell]["stdout"]
+        assert len(running) == 1 and engines() == running
         stopped = kernel.run(run_cell, interrupt_when=lambda: bool(committed_ids(out)))
         assert stopped["error"]["ename"] == "RunInterrupted", stopped["error"]
         (line,) = stopped["error"]["traceback"]  # one line, not Ray's and the kit's stack
@@ -192,7 +206,9 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         # 4. Run the cell again: it resumes; then the rest of the notebook.
         resumed = kernel.run(run_cell)
         assert resumed["error"] is None and "resuming an interrupted run" in resumed["stdout"]
-        kernel.run_all(run_cell + 1)
+        assert engines() == running
+        kernel.run_all(run_cell + 1)  # the last cell frees the engines
+        assert engines() == []
         predictions = pd.read_parquet(out / "predictions.parquet")
         rows = pd.concat([predictions, pd.read_parquet(out / "errors.parquet")])
         assert len(rows) == 59 and rows["row_id"].is_unique
@@ -205,6 +221,16 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
             assert rows.set_index("Customer Id")[column].fillna("").to_dict() == local.set_index("Customer Id")[column].to_dict()
         assert not [p for p in out.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
         assert not server.unexpected
+
+        # 5. Engines again, then an engine setting changed: new engines, and the cell says why.
+        kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)
+        assert kernel.run(0, source="kept.ready()")["error"] is None
+        first = engines()
+        kernel.parameters.update(ENGINE={"max_num_seqs": 16})
+        restarted = kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)[start_cell]["stdout"]
+        assert "restarting the engines: max_num_seqs changed" in restarted, restarted
+        assert kernel.run(0, source="kept.ready()")["error"] is None
+        assert len(first) == len(engines()) == 1 and engines() != first
     finally:
         kernel.close()
 

@@ -104,7 +104,7 @@ RUN = """
 import sys
 from helpers import cluster, pipeline, run_folder
 from helpers.presets import PRESETS
-plan = PRESETS["text-cpu-offline"].override(stage_cpus=0.1, tokenize_stage=False, startup_timeout_s=120)
+plan = PRESETS["text-cpu-offline"].override(stage_cpus=0.1, startup_timeout_s=120)
 folder = run_folder.open_folder(sys.argv[1])
 cluster.start(plan)
 functions = pipeline.checked(lambda row: {"messages": []}, lambda row: {"answer": ""}, {"text": "x"})
@@ -118,7 +118,7 @@ import sys
 from helpers import cluster
 from helpers.presets import PRESETS
 for folder in sys.argv[1:]:  # a model folder on this machine only, then one every node sees
-    cluster.start(PRESETS["text-cpu-offline"].override(stage_cpus=0.1, tokenize_stage=False, model_path=folder))
+    cluster.start(PRESETS["text-cpu-offline"].override(stage_cpus=0.1, model_path=folder))
 """
 
 

@@ -50,54 +50,23 @@ def test_no_internal_vocabulary_in_what_users_read(path):
     assert not hits, f"{path.name}: {hits}"
 
 
-def _processor_config_keywords(path):
-    """The keyword arguments of the ``vLLMEngineProcessorConfig(...)`` call of a notebook (or a script), as
-    literals where they are literals (``ast``: the call a user reads and copies, not a regex over text)."""
-    import ast
-
-    sources = [path.read_text()] if path.suffix == ".py" else [c.source for c in nbformat.read(path, as_version=4).cells
-                                                              if c.cell_type == "code"]
-    for source in sources:
-        if "vLLMEngineProcessorConfig(" not in source:
-            continue
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "vLLMEngineProcessorConfig":
-                return {k.arg: (k.value.value if isinstance(k.value, ast.Constant) else ast.unparse(k.value))
-                        for k in node.keywords if k.arg}
-    raise AssertionError(f"{path.name} builds no vLLMEngineProcessorConfig")
-
-
-def test_the_kept_engines_benchmarks_per_run_side_is_the_text_notebooks_processor():
-    """``benchmarks/bench_kept_engines.py`` compares kept engines with the notebook's processor cell, copied
-    there: every setting the same (its decoding stage on with confidence, as the notebook's), or the
-    comparison is with another processor."""
-    notebook = _processor_config_keywords(REPO / "notebooks" / "text_classification.ipynb")
-    bench = _processor_config_keywords(REPO / "benchmarks" / "bench_kept_engines.py")
-    assert notebook.pop("detokenize_stage") == "{'enabled': CONFIDENCE, 'num_cpus': plan.stage_cpus}"
-    assert bench.pop("detokenize_stage") == "{'enabled': confidence is not None, 'num_cpus': plan.stage_cpus}"
-    assert notebook.pop("runtime_env") == "{'env_vars': engine_env}" and bench.pop("runtime_env") == "{'env_vars': env}"
-    assert bench == notebook
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_processor_skips_engine_metrics_and_keeps_failed_rows(path):
-    """Ray records vLLM's metrics per request by default: 12% of the engine actor's busy thread on an
-    H100 at 600 rows/s (benchmarks/RESULTS.md). The notebooks turn it off, and keep rows that fail.
-    Text tokenizes in a stage of its own where the preset says so (a GPU); images never do (vLLM
-    places the image tokens). vLLM decodes as it generates, except with ``CONFIDENCE``: then it would
-    decode 20 candidates a token, so the request says ``"detokenize": False`` and Ray's stage decodes; and
-    ``"flat_logprobs"``: vLLM then makes no object per candidate (frontend CPU per row with confidence
-    2.34 -> 2.09 ms on a 2-core CPU, without it 1.20; benchmarks/bench_logprobs.py)."""
-    keywords = _processor_config_keywords(path)
-    assert keywords["log_engine_metrics"] is False
-    assert keywords["should_continue_on_error"] is True
+def test_the_run_is_your_preprocess_the_kept_engines_and_your_postprocess(path):
+    """The run cell shows the flow a user edits around: ``preprocess`` row by row, a batch of requests per
+    call to the engines this kernel keeps, ``postprocess``, the write; the engines start in a cell of their
+    own, and the last cell frees them. With ``CONFIDENCE`` the text request asks vLLM not to decode each
+    step's 20 candidates (``"detokenize": False``: the engines decode the answer alone) and to keep them in
+    flat lists (frontend CPU per row with confidence 2.34 -> 2.09 ms on a 2-core CPU, without it 1.20;
+    benchmarks/bench_logprobs.py)."""
+    code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    run = next(c for c in code if "pipeline.write(" in c)
+    for step in ("ds.map(functions.preprocess", "engines.answer(requests, kept)", "answers.map(functions.postprocess",
+                 "pipeline.write(run, results"):
+        assert step in run, step
+    assert sum("engines.start(plan, engine_env" in c for c in code) == 1 and code[-1].startswith("engines.free(kept)")
     if path.name.startswith("text"):
-        assert keywords["tokenize_stage"] == "{'enabled': plan.tokenize_stage, 'num_cpus': plan.stage_cpus}"
-        assert keywords["detokenize_stage"] == "{'enabled': CONFIDENCE, 'num_cpus': plan.stage_cpus}"
         text = path.read_text().replace('\\"', '"')
         assert '"detokenize": not CONFIDENCE' in text and '"flat_logprobs": CONFIDENCE' in text
-    else:
-        assert keywords["tokenize_stage"] is False and keywords["detokenize_stage"] is False
 
 
 # A newcomer reads a notebook in 15 minutes: at most 26 cells and 1,200 words of prose before
@@ -165,10 +134,12 @@ def test_helpers_import_graph_has_no_circles():
 
 
 #: A helper package a reader can finish: at most this many lines in all, in at most this many modules,
-#: none longer than this; a project copied from one use case carries at most this many.
-MAX_LINES, MAX_MODULES, MAX_MODULE_LINES, MAX_PROJECT_LINES = 4_000, 15, 500, 3_000
-#: The most helpers modules a notebook imports: the plumbing sits behind a few well-named calls.
-MAX_NOTEBOOK_HELPERS = 7
+#: none longer than this; a project copied from one use case carries at most this many (3,000 until the engines
+#: kept between runs, ``engines``, took the place of Ray Data LLM's processor).
+MAX_LINES, MAX_MODULES, MAX_MODULE_LINES, MAX_PROJECT_LINES = 4_000, 15, 500, 3_200
+#: The most helpers modules a notebook imports: the plumbing sits behind a few well-named calls (``engines``
+#: took the place of Ray Data LLM's processor, imported from ``ray.data.llm`` before).
+MAX_NOTEBOOK_HELPERS = 8
 
 
 def test_helpers_are_a_few_small_modules_each_listed_with_its_job(tmp_path):

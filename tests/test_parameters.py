@@ -118,12 +118,13 @@ def test_papermill_reads_every_parameter(repo):
 
 
 #: What the notebooks call the objects the kit's helpers return.
-RETURNED = {"source", "folder", "plan", "functions", "run", "written"}
+RETURNED = {"source", "folder", "plan", "functions", "kept", "run", "written"}
 
 
-def test_a_notebook_calls_at_most_20_helpers_and_never_globals(repo):
-    """The notebooks show Ray Data LLM's flow and the kit's helpers wrap around it: at most 20 uses of a
-    helper (a module's function, called or handed to Ray, or a method of what one returned), no ``globals()``."""
+def test_a_notebook_calls_at_most_24_helpers_and_never_globals(repo):
+    """The notebooks show the flow (Ray Data's read, your functions, the engines, the write) and the kit's helpers
+    wrap around it: at most 24 uses of a helper (a module's function, called or handed to Ray, or a method of what
+    one returned; the engines' start, wait, run and free took the place of Ray Data LLM's processor), no ``globals()``."""
     import ast
 
     for name in NOTEBOOKS:
@@ -136,6 +137,6 @@ def test_a_notebook_calls_at_most_20_helpers_and_never_globals(repo):
                      and isinstance(n.value, ast.Name) and n.value.id in modules and not n.attr.isupper()]
         methods = [f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(tree) if isinstance(n, ast.Call)
                    and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id in RETURNED]
-        assert len(functions) + len(methods) <= 20, (name, functions, methods)
-        assert "globals()" not in code and "vLLMEngineProcessorConfig(" in code and "build_processor(" in code
-        assert "processor(ds)" in code and "pipeline.write(" in code
+        assert len(functions) + len(methods) <= 24, (name, functions, methods)
+        assert "globals()" not in code and "engines.answer(" in code
+        assert "pipeline.write(" in code

@@ -187,7 +187,7 @@ def local_cluster():
 JOIN = """
 from helpers import cluster
 from helpers.presets import PRESETS
-cluster.start(PRESETS["text-cpu-offline"].override(stage_cpus=0.1, tokenize_stage=False, startup_timeout_s=60))
+cluster.start(PRESETS["text-cpu-offline"].override(stage_cpus=0.1, startup_timeout_s=60))
 """
 
 
@@ -220,7 +220,7 @@ import json, sys
 from helpers import cluster
 from helpers.presets import PRESETS
 try:
-    cluster.start(PRESETS[sys.argv[1]].override(stage_cpus=0.1, tokenize_stage=False, startup_timeout_s=int(sys.argv[2])))
+    cluster.start(PRESETS[sys.argv[1]].override(stage_cpus=0.1, startup_timeout_s=int(sys.argv[2])))
     print(json.dumps({"cluster": cluster.read_cluster()}))
 except cluster.UnschedulableError as exc:
     print(json.dumps({"refused": str(exc)}))

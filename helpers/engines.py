@@ -1,0 +1,215 @@
+"""vLLM's engines, kept up between runs in this kernel: ``AsyncLLM`` in a Ray Serve deployment, a replica
+per engine, placed as the plan says, with no HTTP route. A changed model or engine setting restarts them
+and says so; a changed prompt never does. A run sends each batch of requests in one call (Serve's cost
+is paid per batch, not per row) and gets back what Ray Data LLM's vLLM stage gives: ``generated_text``,
+the token counts, ``generated_tokens``, ``logprobs``. They end with :func:`free`, or with the kernel."""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from helpers.parameters import Explained
+
+INFERENCE_ERROR = "__inference_error__"  # set on a row: it skips the engines (as in Ray Data LLM)
+
+
+class EngineStartError(Explained, RuntimeError):
+    """The engines did not start, or not in time."""
+
+
+@dataclass
+class Engines:
+    """This kernel's engines (started, or starting), the Serve application ``name``."""
+
+    name: str
+    settings: dict[str, Any]  # what needs new engines when it changes
+    plan: Any
+    failed: list[BaseException] = field(default_factory=list)
+    thread: threading.Thread | None = None
+
+    def ready(self) -> Engines:
+        """These engines once they answer; else an error naming the cause."""
+        if _kept.get(self.name) is not self:
+            raise EngineStartError("These engines were stopped (the notebook's last cell frees them): run the cells again "
+                                   "from 'Start the engines'.")
+        self.thread.join(self.plan.startup_timeout_s)
+        if self.thread.is_alive() or self.failed:
+            _kept.pop(self.name, None)  # first: a start that never ends is not waited for
+            free(self.name, quiet=True)
+            why = repr(self.failed[0]) if self.failed else f"not ready in {self.plan.startup_timeout_s} s"
+            raise EngineStartError(f"The engines did not start ({why}). Ray's logs say why (VERBOSE=True shows them); "
+                                   "for a big model or a cluster adding GPUs, raise ENGINE['startup_timeout_s'].")
+        return self
+
+
+_kept: dict[str, Engines] = {}  # by application name
+
+
+def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
+    return {"model": plan.model_path, **plan.engine_args, "concurrency": plan.actor_pool, "gpus": plan.gpus_per_replica,
+            "accelerator_type": plan.placement["accelerator_type"], "env": env}
+
+
+def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
+    """This kernel's engines for ``plan``: those running already if they serve it (the same settings, a
+    context at least as long), else new ones, starting in the background while the next cells run. One
+    application per notebook and kernel: two notebooks on one cluster never share engines."""
+    from ray import serve
+
+    kernel = hashlib.sha1(f"{socket.gethostname()} {os.getpid()}".encode()).hexdigest()[:8]
+    name, wanted = f"{notebook}-{kernel}", _settings(plan, env)
+    serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
+    kept = _kept.get(name)
+    if kept is not None and (kept.thread.is_alive() or name in serve.status().applications):  # Ray kept too
+        changed = sorted(k for k in {*wanted, *kept.settings} if kept.settings.get(k) != wanted.get(k))
+        if not kept.failed and (changed == [] or changed == ["max_model_len"] and kept.plan.max_model_len >= plan.max_model_len):
+            print(f"the {plan.replicas} engine(s) started earlier are kept: a changed prompt needs no new ones")
+            kept.plan = kept.plan.override(batch_size=plan.batch_size, max_concurrent_batches=plan.max_concurrent_batches,
+                                           stage_cpus=plan.stage_cpus)
+            return kept
+        print(f"restarting the engines: {', '.join(changed) or 'their start failed'} changed")
+    free(name, quiet=True)
+    engines = Engines(name, wanted, plan)
+
+    def deploy() -> None:
+        try:  # serve.run returns once the replicas are ready: in a thread, so the notebook goes on meanwhile
+            serve.run(_deployment(plan, env, name), name=name, route_prefix=None)
+        except BaseException as exc:  # named by ready()
+            engines.failed.append(exc)
+
+    engines.thread = threading.Thread(target=deploy, name=f"start {name}", daemon=True)
+    engines.thread.start()
+    if not _kept:
+        atexit.register(lambda: [free(n, quiet=True) for n in list(_kept)])  # the kernel ends: the GPUs go back
+    _kept[name] = engines
+    print(f"starting {plan.replicas} engine(s) in the background; the run cell waits for them")
+    return engines
+
+
+def free(engines: Engines | str, quiet: bool = False) -> None:
+    """The engines stopped (``engines``, or an application's name): their GPUs (or CPUs) go back."""
+    import ray
+    from ray import serve
+
+    name = engines if isinstance(engines, str) else engines.name
+    started = _kept.pop(name, None)
+    if started is not None and started.thread is not threading.current_thread():
+        started.thread.join()  # a start under way ends first (Serve's calls would start Ray again after it stops)
+    if ray.is_initialized() and name in serve.status().applications:
+        serve.delete(name)
+        quiet or print("the engines are stopped: they hold no GPU or CPU now")
+
+
+def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
+    """A replica per engine. One GPU or a share of one: the replica holds it, vLLM runs beside it; several
+    GPUs an engine: a placement group of them, vLLM's ``ray`` executor."""
+    from ray import serve
+
+    args = {**plan.engine_args, **({"limit_mm_per_prompt": {"image": 1}} if plan.task == "vision" else {})}
+    actor: dict[str, Any] = {"num_cpus": 1, "accelerator_type": plan.placement["accelerator_type"], "runtime_env": {"env_vars": env}}
+    low, high = plan.actor_pool  # (low, high): Serve adds engines while requests wait
+    options: dict[str, Any] = {"num_replicas": high} if low == high else {"autoscaling_config": {
+        "min_replicas": low, "max_replicas": high, "target_ongoing_requests": plan.max_concurrent_batches}}
+    if plan.world > 1:
+        args["distributed_executor_backend"] = "ray"
+        options |= {"placement_group_bundles": [{"CPU": 1}] + [{"GPU": 1, "CPU": 1}] * plan.world,
+                    "placement_group_strategy": "PACK" if plan.pipeline_parallel_size > 1 else "STRICT_PACK"}
+    elif plan.accelerator_type:
+        args.setdefault("distributed_executor_backend", "uni")
+        actor["num_gpus"] = plan.gpus_per_replica
+        if plan.gpus_per_replica < 1:  # vLLM asks a whole GPU unless told its share
+            actor["runtime_env"] = {"env_vars": {**env, "VLLM_RAY_PER_WORKER_GPUS": str(plan.gpus_per_replica)}}
+
+    @serve.deployment(name=name, max_ongoing_requests=1_000, ray_actor_options=actor, **options)
+    class Engine:
+        def __init__(self, model: str, args: dict[str, Any]):
+            from transformers import AutoProcessor
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **args))
+            self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=args.get("trust_remote_code", False))
+
+        async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            import asyncio
+
+            done = await asyncio.gather(*map(self.one, requests), return_exceptions=True)
+            return [d if isinstance(d, dict) else {INFERENCE_ERROR: f"{type(d).__name__}: {d}"[:2000]} for d in done]
+
+        async def one(self, request: dict[str, Any]) -> dict[str, Any]:
+            """The chat template applied as Ray Data LLM's stages apply it (images parsed by vLLM), then the answer."""
+            import uuid
+
+            from vllm import SamplingParams
+            from vllm.entrypoints.chat_utils import parse_chat_messages_async
+            from vllm.sampling_params import StructuredOutputsParams
+
+            sampling = dict(request["sampling_params"])
+            choice = sampling.pop("structured_outputs", None)
+            params = SamplingParams(**sampling, structured_outputs=StructuredOutputsParams(**choice) if choice else None)
+            system = [{**m, "content": m["content"] if isinstance(m["content"], str) else " ".join(
+                p["text"] for p in m["content"] if p["type"] == "text")} for m in request["messages"] if m["role"] == "system"]
+            chat, media, _ = await parse_chat_messages_async([m for m in request["messages"] if m["role"] != "system"],
+                                                             self.llm.model_config, content_format="string")
+            prompt = self.processor.apply_chat_template(system + chat, tokenize=False, add_generation_prompt=True)
+            async for out in self.llm.generate({"prompt": prompt, **({"multi_modal_data": media} if media else {})}, params,
+                                               request_id=uuid.uuid4().hex):
+                pass
+            answer, steps = out.outputs[0], out.outputs[0].logprobs  # steps: each token's candidates, or None
+            if hasattr(steps, "start_indices"):  # flat_logprobs: as lists
+                steps = [zip(steps.token_ids[a:b], steps.logprobs[a:b]) for a, b in zip(steps.start_indices, steps.end_indices)]
+            elif steps is not None:
+                steps = [((t, c.logprob) for t, c in step.items()) for step in steps]
+            return {"generated_text": answer.text if params.detokenize else self.processor.decode(answer.token_ids, skip_special_tokens=True),
+                    "num_input_tokens": len(out.prompt_token_ids), "num_generated_tokens": len(answer.token_ids),
+                    "generated_tokens": list(answer.token_ids), INFERENCE_ERROR: "",
+                    "logprobs": None if steps is None else [{t: {"logprob": v} for t, v in s} for s in steps]}
+
+    return Engine.bind(plan.model_path, args)
+
+
+def _plain(value: Any) -> Any:
+    """A request's value as plain Python: Ray hands lists as arrays, and structs with every field of their
+    column (``None`` where a row has none)."""
+    value = value.tolist() if hasattr(value, "tolist") else value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+class _Send:
+    """A Ray Data stage: each batch's requests to the engines in one call; a row failed before passes by."""
+
+    def __init__(self, name: str):
+        from ray import serve
+
+        self.engines = serve.get_deployment_handle(name, name)
+
+    async def __call__(self, batch):  # an async generator: Ray Data runs several batches at once in one actor
+        rows = batch.to_dict("records")
+        asked = [row for row in rows if not row.get(INFERENCE_ERROR)]
+        try:
+            answers = await self.engines.generate.remote([_plain({k: row[k] for k in ("messages", "sampling_params")})
+                                                          for row in asked]) if asked else []
+        except Exception as exc:  # the engines' failure is these rows' reason, never the run's
+            answers = [{INFERENCE_ERROR: f"{type(exc).__name__}: {exc}"[:2000]}] * len(asked)
+        for row, answer in zip(asked, answers):
+            row.update(answer)
+        yield type(batch)(rows)
+
+
+def answer(ds: Any, engines: Engines) -> Any:
+    """``ds``'s requests (your ``preprocess``'s rows) answered by ``engines`` once they are ready: a stage
+    actor per engine, each with ``max_concurrent_batches`` batches at once."""
+    import ray
+
+    plan = engines.ready().plan
+    return ds.map_batches(_Send, fn_constructor_args=(engines.name,), batch_size=plan.batch_size, batch_format="pandas",
+                          num_cpus=plan.stage_cpus, compute=ray.data.ActorPoolStrategy(
+                              size=plan.actor_pool[1], max_concurrent_calls_per_actor=plan.max_concurrent_batches))
