@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from helpers.parameters import Explained
-
-INFERENCE_ERROR = "__inference_error__"  # set on a row: it skips the engines (as in Ray Data LLM)
+from helpers.pipeline import INFERENCE_ERROR  # set on a row: it skips the engines
 
 
 class EngineStartError(Explained, RuntimeError):

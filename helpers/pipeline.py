@@ -97,7 +97,7 @@ def checked(preprocess: Callable, postprocess: Callable, example: Mapping[str, A
     def _postprocess(row: dict[str, Any]) -> dict[str, Any]:
         base = {INPUT + c: row.get(INPUT + c) for c in (ROW_ID, *kept)}
         if row.get(INFERENCE_ERROR):  # rejected, or failed in the engines: passed by, as Ray Data LLM does
-            return {**base, INFERENCE_ERROR: row[INFERENCE_ERROR], STAGE: row.get(STAGE) or ENGINE}
+            return {**base, INFERENCE_ERROR: row[INFERENCE_ERROR], STAGE: row.get(STAGE, "")}  # "": finish says engine
         try:
             out = dict(postprocess(row))
             if other := sorted(set(out) - set(yours)):

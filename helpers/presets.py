@@ -156,7 +156,7 @@ class Preset:
     stage_cpus: float | None = None  # Ray CPUs per light stage; None: decided by config.fit
     kv_cache_gib: int = 1  # a CPU engine's KV cache in GiB (vLLM would take a large share of RAM)
     trust_remote_code: bool = False
-    startup_timeout_s: int = 600  # the GPUs (an autoscaler), then the first result file
+    startup_timeout_s: int = 600  # the GPUs (an autoscaler), then the engines' start
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vLLM as they are
     one_process: bool = False
     gpu_memory_gib: float | None = None  # measured; None: the GPU table's

@@ -1,5 +1,5 @@
 """What a running pipeline shows: in Jupyter one line updated in place (rows, rate, time left); headless
-(papermill, a job) a line in the job's log every minute; and a watchdog for first results that never come."""
+(papermill, a job) a line in the job's log every minute (engines that never start: ``engines.Engines.ready``)."""
 
 from __future__ import annotations
 
