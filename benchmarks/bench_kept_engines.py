@@ -10,7 +10,8 @@ notebook's plan and requests, in one process and one Ray session:
   started once, driven by Ray Data LLM's ``ServeDeploymentProcessorConfig`` (a request per row).
 - ``echo``: the kept side's path to a deployment with no model (empty answers): Serve's cost a row alone.
 
-With ``--params '{"CONFIDENCE": true}'`` the per-run and kept-batch sides ask what the notebook asks for each
+A side named with ``+confidence`` (``kept-batch+confidence``; or every per-run and kept-batch side, with
+``--params '{"CONFIDENCE": true}'``) asks what the notebook asks for each
 answer's confidence (20 candidates a token, flat lists, no candidate decoding) and compute it as the
 notebook's ``postprocess`` does (``labels.confidence``), in Ray Data's postprocess tasks.
 
@@ -228,7 +229,8 @@ def report(side: str, seen: dict[str, Any], gpus: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=300)
-    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept, kept-batch, echo")
+    parser.add_argument("--sides", default="per-run,kept", help="in order, comma-separated: per-run, kept, kept-batch, echo; "
+                        "per-run+confidence and kept-batch+confidence: with each answer's confidence")
     parser.add_argument("--reruns", type=int, default=3, help="short runs on the kept engines after its long one")
     parser.add_argument("--rerun-rows", type=int, default=30)
     parser.add_argument("--requests", choices=("dict", "class"), default="dict")
@@ -239,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
     args = parser.parse_args(argv)
     sides = args.sides.split(",")
-    if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch", "echo"}):
-        parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept, kept-batch and echo")
+    if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch", "echo", "per-run+confidence", "kept-batch+confidence"}):
+        parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept, kept-batch and echo, "
+                     "and per-run+confidence, kept-batch+confidence")
     if args.kept_actors < 1 or (args.kept_batch is not None and args.kept_batch < 1):
         parser.error("--kept-actors and --kept-batch: at least 1")
 
@@ -256,15 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     setup = b.text_setup(csv, b.run_settings("text", json.loads(args.params)))
     plan, params = setup.plan, setup.params
     max_tokens = labels.max_tokens(plan, params["LABELS"])
-    confidence = labels.confidence_columns(plan, params["LABELS"]) if params["CONFIDENCE"] else None
+    confident = labels.confidence_columns(plan, params["LABELS"])
     print(f"{setup.name}; {args.rows:,} prompts; plan: {plan.replicas} engine(s), {plan.engine_args}", flush=True)
     env = cluster.start(plan, False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     frame = pd.read_csv(csv)
     rows = [{"key": str(k), "text": str(t)} for k, t in zip(frame[params["ID_COLUMN"]], frame[params["TEXT_COLUMN"]])]
 
-    def request_of(task: str):
-        return lambda row: b.text_request(row["text"], {**params, "TASK": task}, max_tokens)
+    def request_of(task: str, asks: bool):
+        return lambda row: b.text_request(row["text"], {**params, "TASK": task, "CONFIDENCE": asks}, max_tokens)
 
     def dataset(n: int):
         return ray.data.from_items(rows[:n], override_num_blocks=max(1, min(plan.num_blocks, n)))
@@ -281,33 +284,38 @@ def main(argv: list[str] | None = None) -> int:
             report(f"{side} re-run {i + 1}", consume(run(f"{params['TASK']} (take {i + 2}: the prompt changed)")), gpus)
 
     with b.GpuSampler() as gpus:
-        for side in sides:
+        for named in sides:
+            side, asks = named.removesuffix("+confidence"), named.endswith("+confidence") or params["CONFIDENCE"]
+            confidence = confident if asks else None
+            task = params["TASK"]
             if side == "per-run":
-                got[side] = report(side, consume(per_run_processor(plan, env, request_of(params["TASK"]), confidence)(
+                got[named] = report(named, consume(per_run_processor(plan, env, request_of(task, asks), confidence)(
                     dataset(len(rows)))), gpus)
             elif side == "echo":
                 print(f"echo: the deployment is ready in {deploy_echo(plan):.1f} s", flush=True)
-                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors,
-                                                                ECHO)(dataset(len(rows)))), gpus)
+                got[named] = report(named, consume(kept_processor(plan, request_of(task, False), args.requests, batch, actors,
+                                                                  ECHO)(dataset(len(rows)))), gpus)
             elif side == "kept-batch":
                 started, kept = time.perf_counter(), engines.start(plan, env, "bench-kept-engines")
                 kept.ready()
-                print(f"kept-batch: the engines are ready in {time.perf_counter() - started:.1f} s", flush=True)
-                got[side] = report(side, consume(kit_run(plan, kept, request_of(params["TASK"]), dataset(len(rows)), confidence)), gpus)
-                reruns(side, lambda task: kit_run(plan, kept, request_of(task), dataset(args.rerun_rows), confidence))
+                print(f"{named}: the engines are ready in {time.perf_counter() - started:.1f} s", flush=True)
+                got[named] = report(named, consume(kit_run(plan, kept, request_of(task, asks), dataset(len(rows)), confidence)), gpus)
+                reruns(named, lambda task: kit_run(plan, kept, request_of(task, asks), dataset(args.rerun_rows), confidence))
                 engines.free(kept, quiet=True)  # the GPU to the next side
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
-                got[side] = report(side, consume(kept_processor(plan, request_of(params["TASK"]), args.requests, batch, actors)(dataset(len(rows)))),
-                                   gpus)
+                got[named] = report(named, consume(kept_processor(plan, request_of(task, False), args.requests, batch, actors)(
+                    dataset(len(rows)))), gpus)
                 small = in_flight(plan, 1, -(-args.rerun_rows // plan.replicas))  # a batch per engine
-                reruns(side, lambda task: kept_processor(plan, request_of(task), args.requests, *small)(dataset(args.rerun_rows)))
+                reruns(named, lambda task: kept_processor(plan, request_of(task, False), args.requests, *small)(dataset(args.rerun_rows)))
                 serve.delete(NAME)
-    for side in [s for s in ("kept", "kept-batch") if s in got and "per-run" in got]:
-        a, k = got["per-run"], got[side]
+    pairs = [(k, a) for k, a in [("kept", "per-run"), ("kept-batch", "per-run"), ("kept-batch+confidence", "per-run+confidence"),
+                                 ("kept-batch+confidence", "kept-batch"), ("per-run+confidence", "per-run")] if k in got and a in got]
+    for side, base in pairs:
+        a, k = got[base], got[side]
         same = sum(a["answers"].get(key) == answer for key, answer in k["answers"].items())
         near = sum(abs(a["confidences"].get(key, -9) - c) < 1e-3 for key, c in k["confidences"].items())
-        print(f"RATIO {side} / per-run: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
+        print(f"RATIO {side} / {base}: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
               f"(the deployment's start not counted); answers equal {same} of {len(k['answers'])}"
               + (f"; confidences within 0.001: {near} of {len(k['confidences'])}" if k["confidences"] else ""), flush=True)
     return 0
