@@ -160,17 +160,24 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
             async for out in self.llm.generate({"prompt": prompt, **({"multi_modal_data": media} if media else {})}, params,
                                                request_id=uuid.uuid4().hex):
                 pass
-            answer, steps = out.outputs[0], out.outputs[0].logprobs  # steps: each token's candidates, or None
-            if hasattr(steps, "start_indices"):  # flat_logprobs: as lists
-                steps = [zip(steps.token_ids[a:b], steps.logprobs[a:b]) for a, b in zip(steps.start_indices, steps.end_indices)]
-            elif steps is not None:
-                steps = [((t, c.logprob) for t, c in step.items()) for step in steps]
-            return {"generated_text": answer.text if params.detokenize else self.processor.decode(answer.token_ids, skip_special_tokens=True),
-                    "num_input_tokens": len(out.prompt_token_ids), "num_generated_tokens": len(answer.token_ids),
-                    "generated_tokens": list(answer.token_ids), INFERENCE_ERROR: "",
-                    "logprobs": None if steps is None else [{t: {"logprob": v} for t, v in s} for s in steps]}
+            return fields(out, self.processor)
 
     return Engine.bind(plan.model_path, args)
+
+
+def fields(out: Any, tokenizer: Any) -> dict[str, Any]:
+    """vLLM's answer (a ``RequestOutput``) as Ray Data LLM's vLLM stage gives it to your ``postprocess``:
+    ``generated_text`` (decoded here where vLLM was asked not to), the token counts, ``generated_tokens``, and
+    each generated token's candidates as ``logprobs``, ``[{token_id: {"logprob": value}}, ...]`` (None unasked)."""
+    answer, steps = out.outputs[0], out.outputs[0].logprobs
+    if hasattr(steps, "start_indices"):  # flat_logprobs: as lists
+        steps = [zip(steps.token_ids[a:b], steps.logprobs[a:b]) for a, b in zip(steps.start_indices, steps.end_indices)]
+    elif steps is not None:
+        steps = [((t, c.logprob) for t, c in step.items()) for step in steps]
+    return {"generated_text": answer.text or tokenizer.decode(answer.token_ids, skip_special_tokens=True),
+            "num_input_tokens": len(out.prompt_token_ids), "num_generated_tokens": len(answer.token_ids),
+            "generated_tokens": list(answer.token_ids), INFERENCE_ERROR: "",
+            "logprobs": None if steps is None else [{t: {"logprob": v} for t, v in s} for s in steps]}
 
 
 def _plain(value: Any) -> Any:
@@ -191,7 +198,9 @@ class _Send:
         self.engines = serve.get_deployment_handle(name, name)
 
     async def __call__(self, batch):  # an async generator: Ray Data runs several batches at once in one actor
-        rows = batch.to_dict("records")
+        import pandas as pd
+
+        rows = [dict(zip(batch, values)) for values in zip(*batch.values())]  # NumPy batches, as Ray Data LLM's stages
         asked = [row for row in rows if not row.get(INFERENCE_ERROR)]
         try:
             answers = await self.engines.generate.remote([_plain({k: row[k] for k in ("messages", "sampling_params")})
@@ -200,7 +209,7 @@ class _Send:
             answers = [{INFERENCE_ERROR: f"{type(exc).__name__}: {exc}"[:2000]}] * len(asked)
         for row, answer in zip(asked, answers):
             row.update(answer)
-        yield type(batch)(rows)
+        yield pd.DataFrame(rows)
 
 
 def answer(ds: Any, engines: Engines) -> Any:
@@ -209,6 +218,8 @@ def answer(ds: Any, engines: Engines) -> Any:
     import ray
 
     plan = engines.ready().plan
-    return ds.map_batches(_Send, fn_constructor_args=(engines.name,), batch_size=plan.batch_size, batch_format="pandas",
+    # NumPy batches: pandas' view of Ray's nested columns (the messages) aborted the process on a GPU machine
+    # (Arrow: "Slice offset greater than array length"), where Ray Data LLM's stages, which take NumPy, ran.
+    return ds.map_batches(_Send, fn_constructor_args=(engines.name,), batch_size=plan.batch_size, batch_format="numpy",
                           num_cpus=plan.stage_cpus, compute=ray.data.ActorPoolStrategy(
                               size=plan.actor_pool[1], max_concurrent_calls_per_actor=plan.max_concurrent_batches))

@@ -149,8 +149,7 @@ def test_review_thresholds_reliability_and_the_distribution():
 
 ENGINE_SCRIPT = """
 import json, os, sys
-from helpers import cluster, config, labels
-from ray.llm._internal.batch.stages.vllm_engine_stage import vLLMOutputData
+from helpers import cluster, config, engines, labels
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
@@ -168,16 +167,16 @@ def main():
         def chat(**sampling):
             return llm.chat(messages, SamplingParams(max_tokens=max_tokens, structured_outputs=choice, **sampling), use_tqdm=False)
         texts = labels.pieces(llm.get_tokenizer(), choices)
-        # The notebook's request: vLLM decodes nothing (Ray's detokenize stage the answer, as here) and keeps
-        # the candidates in flat lists, which Ray's conversion reads as it reads vLLM's usual ones.
+        # The notebook's request: vLLM decodes no candidate (nor the answer: the kit's engines do) and keeps
+        # the candidates in flat lists; each answer read as the kit's engines read it for your postprocess.
         kit = chat(temperature=0.0, logprobs=labels.TOP_LOGPROBS, detokenize=False, flat_logprobs=True)
         full = chat(temperature=0.0, logprobs=p["FULL"])
         sampled = chat(temperature=1.0, top_p=1.0, top_k=0, min_p=0.0, n=p["SAMPLES"], seed=0)
         for name, k, f, s in zip(names, kit, full, sampled):
-            row = vLLMOutputData.from_vllm_engine_output(k).model_dump()  # what Ray's engine stage returns
-            f = vLLMOutputData.from_vllm_engine_output(f).model_dump()
-            assert row["generated_text"] == "" and f["generated_text"]  # vLLM decoded nothing for the kit's request
-            answer = llm.get_tokenizer().decode(row["generated_tokens"], skip_special_tokens=True)
+            assert k.outputs[0].text == "" and f.outputs[0].text  # vLLM decoded nothing for the kit's request
+            row, f = engines.fields(k, llm.get_tokenizer()), engines.fields(f, llm.get_tokenizer())
+            answer = row["generated_text"]
+            assert answer == f["generated_text"]  # decoded by the kit as vLLM decodes it
             mass, unresolved, chosen = labels.label_probabilities(f["generated_tokens"], f["logprobs"], choices, texts)
             found, _ = labels.branches(f["generated_tokens"], f["logprobs"], choices, texts)
             results.append({"name": name, "labels": choices, "kit": labels.confidence(row, choices, texts),
@@ -198,7 +197,7 @@ SHARED = ["Health Care", "Health Insurance", "Technology", "Retail"]  # two shar
 @pytest.mark.slow
 def test_the_kits_confidence_is_the_probability_vllm_gives_each_label_under_the_same_constraint(repo, smollm2_path, tmp_path):
     """One engine, SmolLM2, the notebook's prompt and choice constraint, three requests per company:
-    the kit's (greedy, the notebook's logprobs, read through Ray's conversion of vLLM's output); every
+    the kit's (greedy, the notebook's logprobs, read as the kit's engines read vLLM's output); every
     allowed token (each step's probabilities then sum to 1: vLLM's logprobs are after the mask); and
     sampling at temperature 1, where labels come at the frequencies the model gives them."""
     from conftest import load_script

@@ -174,8 +174,8 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         first = pd.read_parquet(out / "predictions.parquet")
         assert len(first) + len(pd.read_parquet(out / "errors.parquet")) == 60
 
-        # 2. The run cell again (the last cell freed the engines: it says to start them again): a new run; the
-        # first one's files moved aside, byte for byte.
+        # 2. The run cell again (the last cell freed the engines: it says to start them again); the engines
+        # started again, and a new run: the first one's files moved aside, byte for byte.
         finished = _files(out)
         freed = kernel.run(run_cell)
         assert freed["error"]["ename"] == "EngineStartError" and "run the cells again" in freed["error"]["evalue"]
@@ -185,13 +185,17 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         (earlier,) = (out / "earlier").iterdir()
         assert _files(earlier)["predictions.parquet"] == finished["predictions.parquet"]
 
-        # 3. Edit the parameters, and the postprocess to return one more column (it was dropped once);
-        # run from there, and interrupt the run cell after its first results. Batches of 8, one at a
-        # time: results come in many small files, so the interrupt finds the run part-way. None of it needs
-        # new engines: the same ones answer (no engine starts, none stops).
+        # 3. Edit the parameters: an engine setting changed needs new engines, and the cell says why; batches
+        # of 8, one at a time, do not (results come in many small files, so the interrupt below finds the
+        # run part-way). Then edit the postprocess to return one more column (it was dropped
+        # once), run from there, and interrupt the run cell after its first results: the same engines answer.
+        before = engines()
+        kernel.parameters.update(LIMIT=59, ENGINE={"max_num_seqs": 16, "batch_size": 8, "max_concurrent_batches": 1, "num_blocks": 16})
+        restarted = kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)[start_cell]["stdout"]
+        assert "restarting the engines: max_num_seqs changed" in restarted, restarted
+        assert kernel.run(0, source="kept.ready()")["error"] is None
         running = engines()
-        kernel.parameters.update(LIMIT=59, ENGINE={"batch_size": 8, "max_concurrent_batches": 1, "num_blocks": 16})
-        kernel.run_all(kernel.index("INPUT_PATH = "), prompt_cell)
+        assert len(before) == len(running) == 1 and running != before
         edited = kernel.source(prompt_cell).replace(
             'answer = {"predicted_label": row["generated_text"].strip()}',
             'answer = {"predicted_label": row["generated_text"].strip(), "answer_chars": len(row["generated_text"])}')
@@ -222,15 +226,6 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         assert not [p for p in out.rglob("*") if p.is_file() and HUB_TOKEN.encode() in p.read_bytes()]
         assert not server.unexpected
 
-        # 5. Engines again, then an engine setting changed: new engines, and the cell says why.
-        kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)
-        assert kernel.run(0, source="kept.ready()")["error"] is None
-        first = engines()
-        kernel.parameters.update(ENGINE={"max_num_seqs": 16})
-        restarted = kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)[start_cell]["stdout"]
-        assert "restarting the engines: max_num_seqs changed" in restarted, restarted
-        assert kernel.run(0, source="kept.ready()")["error"] is None
-        assert len(first) == len(engines()) == 1 and engines() != first
     finally:
         kernel.close()
 
