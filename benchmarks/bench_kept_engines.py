@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         near = sum(abs(a["confidences"].get(key, -9) - c) < 1e-3 for key, c in k["confidences"].items())
         print(f"RATIO {side} / {base}: steady {k['steady'] / a['steady']:.2f}x, whole {a['whole'] / k['whole']:.2f}x faster "
               f"(the deployment's start not counted); answers equal {same} of {len(k['answers'])}"
-              + (f"; confidences within 0.001: {near} of {len(k['confidences'])}" if k["confidences"] else ""), flush=True)
+              + (f"; confidences within 0.001: {near} of {len(k['confidences'])}" if k["confidences"] and a["confidences"] else ""),
+              flush=True)
     return 0
 
 
