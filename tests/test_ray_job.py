@@ -212,7 +212,10 @@ def start(env: dict, preset: str, timeout_s: int) -> tuple[dict, str]:
     result = subprocess.run([sys.executable, "-c", START, preset, str(timeout_s)], env=env, capture_output=True,
                             text=True, timeout=timeout_s + 120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout + result.stderr
+    # The result's line: Ray's raylet may print a line of its own after it (its infeasible-task warning did).
+    results = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert results, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(results[-1]), result.stdout + result.stderr
 
 
 START = """
