@@ -46,6 +46,12 @@ class Engines:
                                    "for a big model or a cluster adding GPUs, raise ENGINE['startup_timeout_s'].")
         return self
 
+    def changes(self, wanted: dict[str, Any], plan: Any) -> list[str]:
+        """What needs new engines for ``plan`` (its settings ``wanted``): none where these serve it, as they are."""
+        changed = sorted(k for k in {*wanted, *self.settings} if self.settings.get(k) != wanted.get(k))
+        fits = changed == ["max_model_len"] and self.plan.max_model_len >= plan.max_model_len  # a shorter context
+        return (["their start"] if self.failed else []) + ([] if fits else changed)
+
 
 _kept: dict[str, Engines] = {}  # by application name
 
@@ -66,13 +72,12 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
     serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
     kept = _kept.get(name)
     if kept is not None and (kept.thread.is_alive() or name in serve.status().applications):  # Ray kept too
-        changed = sorted(k for k in {*wanted, *kept.settings} if kept.settings.get(k) != wanted.get(k))
-        if not kept.failed and (changed == [] or changed == ["max_model_len"] and kept.plan.max_model_len >= plan.max_model_len):
+        if not (changed := kept.changes(wanted, plan)):
             print(f"the {plan.replicas} engine(s) started earlier are kept: a changed prompt needs no new ones")
             kept.plan = kept.plan.override(batch_size=plan.batch_size, max_concurrent_batches=plan.max_concurrent_batches,
                                            stage_cpus=plan.stage_cpus)
             return kept
-        print(f"restarting the engines: {', '.join(changed) or 'their start failed'} changed")
+        print(f"restarting the engines: {', '.join(changed)} changed")
     free(name, quiet=True)
     engines = Engines(name, wanted, plan)
 
@@ -166,9 +171,8 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
 
 
 def fields(out: Any, tokenizer: Any) -> dict[str, Any]:
-    """vLLM's answer (a ``RequestOutput``) as Ray Data LLM's vLLM stage gives it to your ``postprocess``:
-    ``generated_text`` (decoded here where vLLM was asked not to), the token counts, ``generated_tokens``, and
-    each generated token's candidates as ``logprobs``, ``[{token_id: {"logprob": value}}, ...]`` (None unasked)."""
+    """vLLM's ``RequestOutput`` as Ray Data LLM's vLLM stage gives it to your ``postprocess``: ``generated_text``
+    (decoded here if vLLM did not), token counts, ``generated_tokens``, ``logprobs`` ``[{token_id: {"logprob": v}}]``."""
     answer, steps = out.outputs[0], out.outputs[0].logprobs
     if hasattr(steps, "start_indices"):  # flat_logprobs: as lists
         steps = [zip(steps.token_ids[a:b], steps.logprobs[a:b]) for a, b in zip(steps.start_indices, steps.end_indices)]

@@ -207,6 +207,23 @@ def test_engines_that_do_not_start_in_time_fail_or_were_freed_stop_the_run_with_
         failed.ready()  # freed
 
 
+def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_restarted_for_anything_else():
+    """A prompt edited in the notebook: ``config.fit_context`` measures the real requests again. Engines
+    with a context at least as long are kept; a lengthened prompt that needs a longer one, another engine
+    setting, or a start that failed restarts them, and the cell names why."""
+    from helpers import engines
+
+    plan = PLAN.override(max_model_len=512)
+    settings = {"model": "m", "max_model_len": 512, "max_num_seqs": 256}
+    kept = engines.Engines("kept", settings, plan)
+    assert kept.changes(settings, plan) == []
+    assert kept.changes({**settings, "max_model_len": 256}, plan.override(max_model_len=256)) == []  # shorter: fits
+    assert kept.changes({**settings, "max_model_len": 1024}, plan.override(max_model_len=1024)) == ["max_model_len"]
+    assert kept.changes({**settings, "max_model_len": 256, "max_num_seqs": 16}, plan.override(max_model_len=256)) == [
+        "max_model_len", "max_num_seqs"]
+    assert engines.Engines("failed", settings, plan, failed=[RuntimeError("x")]).changes(settings, plan) == ["their start"]
+
+
 def test_progress_updates_one_line_in_jupyter_and_logs_a_line_when_headless(tmp_path, monkeypatch, capfd):
     folder = run_folder.Location.of(tmp_path)
     shown: list[str] = []
