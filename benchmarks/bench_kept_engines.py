@@ -15,6 +15,10 @@ A side named with ``+confidence`` (``kept-batch+confidence``; or every per-run a
 answer's confidence (20 candidates a token, flat lists, no candidate decoding) and compute it as the
 notebook's ``postprocess`` does (``labels.confidence``), in Ray Data's postprocess tasks.
 
+``--profile SIDE,...`` records each side's run with py-spy, ``--profile-after`` seconds in (once its engines
+answer), for 15 s, 50 a second: this process and every process Ray and vLLM start (the replicas, the
+engine cores, the stage actors, the postprocess tasks), into ``--out``, a collapsed stack a line.
+
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's
 requests go as plain dicts (``--requests dict``, the default: the deployment's ``chat`` builds vLLM's
@@ -207,6 +211,21 @@ def kept_processor(plan: Any, request_of, requests: str, batch_size: int, actors
         "__inference_error__": row.get("__inference_error__") or (json.dumps(row["error"], default=str) if row.get("error") else "")})
 
 
+def profile(path: Path, after: float, seconds: int = 15) -> None:
+    """py-spy records this process and its children (Ray's and vLLM's) from ``after`` seconds on, in the background."""
+    import os
+    import shutil
+    import subprocess
+    import threading
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [py_spy, "record", "--pid", str(os.getpid()), "--subprocesses", "--gil", "--nonblocking", "-d", str(seconds),
+               "-r", "50", "-f", "raw", "-o", str(path)]
+    threading.Timer(after, subprocess.Popen, (command,), {"stdout": subprocess.DEVNULL, "stderr": subprocess.STDOUT}).start()
+    print(f"py-spy records {seconds} s from {after:.0f} s on into {path}", flush=True)
+
+
 def _mean(values) -> float:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else float("nan")
@@ -239,8 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kept-actors", type=int, default=2, help="Serve stage actors per engine on the kept side")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench_kept_engines"))
     parser.add_argument("--params", default="{}", help="notebook parameters (JSON), e.g. MODEL_SOURCE")
+    parser.add_argument("--profile", default="", help="sides to record with py-spy, comma-separated")
+    parser.add_argument("--profile-after", type=float, default=20.0, help="seconds into that side's run (the kept engines' run: once ready)")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/bench_kept_engines"), help="where the profile goes")
     args = parser.parse_args(argv)
-    sides = args.sides.split(",")
+    sides, profiled = args.sides.split(","), args.profile.split(",")
     if unknown := sorted(set(sides) - {"per-run", "kept", "kept-batch", "echo", "per-run+confidence", "kept-batch+confidence"}):
         parser.error(f"--sides: unknown {unknown}; the sides are per-run, kept, kept-batch and echo, "
                      "and per-run+confidence, kept-batch+confidence")
@@ -286,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     with b.GpuSampler() as gpus:
         for named in sides:
             side, asks = named.removesuffix("+confidence"), named.endswith("+confidence") or params["CONFIDENCE"]
+            if named in profiled and side != "kept-batch":  # that side's engines start in its run
+                profile(args.out / f"pyspy-{named}.txt", args.profile_after)
             confidence = confident if asks else None
             task = params["TASK"]
             if side == "per-run":
@@ -299,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                 started, kept = time.perf_counter(), engines.start(plan, env, "bench-kept-engines")
                 kept.ready()
                 print(f"{named}: the engines are ready in {time.perf_counter() - started:.1f} s", flush=True)
+                if named in profiled:
+                    profile(args.out / f"pyspy-{named}.txt", args.profile_after)
                 got[named] = report(named, consume(kit_run(plan, kept, request_of(task, asks), dataset(len(rows)), confidence)), gpus)
                 reruns(named, lambda task: kit_run(plan, kept, request_of(task, asks), dataset(args.rerun_rows), confidence))
                 engines.free(kept, quiet=True)  # the GPU to the next side

@@ -79,6 +79,7 @@
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
 # over the results' span (never averaged over GPUs), vLLM's KV cache per engine beside the kit's
 # estimate, and the settings table as the notebook's configuration makes it (what auto chose, and why).
+# Beside its log: $step.smi.csv (each GPU per second) and $step.top.txt (the 12 busiest processes per 5 s).
 #
 # Steps longer than a command's 10 minutes run back to back, detached, on one warm machine, polled by
 # later calls that copy the results into $OUT, e.g. (RESULTS.md names the steps of each recorded session):
@@ -206,6 +207,9 @@ smi="$out/$step.smi.csv"
 # One line per GPU and second (index first): gpu_timeline.py reads each GPU on its own, never averaged.
 nvidia-smi --query-gpu=index,timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$smi" &
 sampler=$!
+# Each process's share of a core per 5 s (top's own interval), the 12 busiest: which one sets the pace.
+top -b -c -d 5 -w 220 | awk '/^top -/ {n = 0} n++ < 19' > "$out/$step.top.txt" &
+cpus=$!
 set -o pipefail
 {
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
@@ -400,7 +404,8 @@ sys.exit(0 if checked.ok else 1)
 PY
       ;;
     kept8b) CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((${GPUS:-1} - 1))) python3 benchmarks/bench_kept_engines.py --rows "${ROWS:-100000}" --sides "${SIDES:-per-run,kept}" \
-      --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"${CONFIDENCE:+, \"CONFIDENCE\": true}}" ;;
+      --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"${CONFIDENCE:+, \"CONFIDENCE\": true}}" \
+      ${PROFILE:+--profile "$PROFILE" --profile-after "${PROFILE_AFTER:-20}" --out "$out"} ;;
     text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
     text8b-gpus[1-9]) n=${step#text8b-gpus}
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) kit_alone $work/scale/gpus$n "$llama" "${ROWS:-100000}" '{}' ;;
@@ -502,7 +507,7 @@ print('the driver and torch agree' if same else 'THE DRIVER AND TORCH DIFFER')"
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
-kill "$sampler" 2>/dev/null || true
+kill "$sampler" "$cpus" 2>/dev/null || true
 date -u | tee -a "$out/$step.log"
 # The timeline: per 10 s, beside the engines' log lines (the kit's: Ray's session; raw's: its log).
 case "$step" in

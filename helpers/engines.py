@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import math
 import os
 import socket
 import threading
@@ -171,8 +172,8 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
 
 
 def fields(out: Any, tokenizer: Any) -> dict[str, Any]:
-    """vLLM's ``RequestOutput`` as Ray Data LLM's vLLM stage gives it to your ``postprocess``: ``generated_text``
-    (decoded here if vLLM did not), token counts, ``generated_tokens``, ``logprobs`` ``[{token_id: {"logprob": v}}]``."""
+    """vLLM's ``RequestOutput`` as Ray Data LLM's vLLM stage gives it to ``postprocess``: ``generated_text`` (decoded
+    here if vLLM did not), token counts, ``generated_tokens``, ``logprobs`` (``[{token_id: {"logprob": v}}]``, the masked left out)."""
     answer, steps = out.outputs[0], out.outputs[0].logprobs
     if hasattr(steps, "start_indices"):  # flat_logprobs: as lists
         steps = [zip(steps.token_ids[a:b], steps.logprobs[a:b]) for a, b in zip(steps.start_indices, steps.end_indices)]
@@ -181,7 +182,7 @@ def fields(out: Any, tokenizer: Any) -> dict[str, Any]:
     return {"generated_text": answer.text or tokenizer.decode(answer.token_ids, skip_special_tokens=True),
             "num_input_tokens": len(out.prompt_token_ids), "num_generated_tokens": len(answer.token_ids),
             "generated_tokens": list(answer.token_ids), INFERENCE_ERROR: "",
-            "logprobs": None if steps is None else [{t: {"logprob": v} for t, v in s} for s in steps]}
+            "logprobs": None if steps is None else [{t: {"logprob": v} for t, v in s if v != -math.inf} for s in steps]}
 
 
 def _plain(value: Any) -> Any:
@@ -222,8 +223,7 @@ def answer(ds: Any, engines: Engines) -> Any:
     import ray
 
     plan = engines.ready().plan
-    # NumPy batches: pandas' view of Ray's nested columns (the messages) aborted the process on a GPU machine
-    # (Arrow: "Slice offset greater than array length"), where Ray Data LLM's stages, which take NumPy, ran.
+    # NumPy batches, as Ray Data LLM's stages: with pandas', Arrow aborted the process on a GPU ("Slice offset ...").
     return ds.map_batches(_Send, fn_constructor_args=(engines.name,), batch_size=plan.batch_size, batch_format="numpy",
                           num_cpus=plan.stage_cpus, compute=ray.data.ActorPoolStrategy(
                               size=plan.actor_pool[1], max_concurrent_calls_per_actor=plan.max_concurrent_batches))

@@ -224,6 +224,30 @@ def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_resta
     assert engines.Engines("failed", settings, plan, failed=[RuntimeError("x")]).changes(settings, plan) == ["their start"]
 
 
+@pytest.mark.parametrize("flat", [True, False])
+def test_the_engines_answer_in_ray_data_llms_fields_without_the_candidates_a_choice_masked(flat):
+    """vLLM's answer as your ``postprocess`` gets it: the text decoded where vLLM did not (the notebook asks it
+    not to), the token counts, and each step's candidates but those the structured output masked (-inf:
+    probability 0), most of the 20 under a choice, which every stage after the engines would carry."""
+    from types import SimpleNamespace
+
+    from vllm.logprobs import FlatLogprobs, Logprob
+
+    from helpers import engines
+
+    steps = [{7: -0.1, 8: -2.5, 9: float("-inf")}, {4: 0.0, 5: float("-inf"), 6: float("-inf")}]
+    logprobs = FlatLogprobs() if flat else []
+    for step in steps:
+        logprobs.append({t: Logprob(v, rank=None, decoded_token=None) for t, v in step.items()})
+    answer = SimpleNamespace(text="", token_ids=[7, 4], logprobs=logprobs)
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: "".join(map(str, ids)))
+    row = engines.fields(SimpleNamespace(outputs=[answer], prompt_token_ids=[1, 2, 3]), tokenizer)
+    assert row == {"generated_text": "74", "num_input_tokens": 3, "num_generated_tokens": 2, "generated_tokens": [7, 4],
+                   pipeline.INFERENCE_ERROR: "", "logprobs": [{7: {"logprob": -0.1}, 8: {"logprob": -2.5}}, {4: {"logprob": 0.0}}]}
+    assert engines.fields(SimpleNamespace(outputs=[SimpleNamespace(text="x", token_ids=[7], logprobs=None)],
+                                          prompt_token_ids=[1]), tokenizer)["logprobs"] is None
+
+
 def test_progress_updates_one_line_in_jupyter_and_logs_a_line_when_headless(tmp_path, monkeypatch, capfd):
     folder = run_folder.Location.of(tmp_path)
     shown: list[str] = []
