@@ -70,7 +70,8 @@
 #                                           # SIDES in order (per-run,kept; kept-batch: the kit's engines, a batch per
 #                                           # call; kept: Serve LLM; echo: Serve's path with no model), 3 short re-runs
 #                                           # on each side's kept engines; CONFIDENCE=1: with each answer's
-#                                           # confidence (the per-run and kept-batch sides)
+#                                           # confidence (the per-run and kept-batch sides); ENGINE='{"replicas_per_gpu": 3}':
+#                                           # engine settings (JSON); PROFILE=SIDE,...: py-spy on those sides
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run twice in one live kernel (engines kept), the prompt changed
 #                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPU 0
@@ -404,7 +405,7 @@ sys.exit(0 if checked.ok else 1)
 PY
       ;;
     kept8b) CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((${GPUS:-1} - 1))) python3 benchmarks/bench_kept_engines.py --rows "${ROWS:-100000}" --sides "${SIDES:-per-run,kept}" \
-      --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"${CONFIDENCE:+, \"CONFIDENCE\": true}}" \
+      --workdir $work/kept --params "{\"MODEL_SOURCE\": \"$llama\"${CONFIDENCE:+, \"CONFIDENCE\": true}${ENGINE:+, \"ENGINE\": $ENGINE}}" \
       ${PROFILE:+--profile "$PROFILE" --profile-after "${PROFILE_AFTER:-20}" --out "$out"} ;;
     text8b-warm) CUDA_VISIBLE_DEVICES=0 kit_alone $work/scale/warm "$llama" 2000 '{}' ;;
     text8b-gpus[1-9]) n=${step#text8b-gpus}
