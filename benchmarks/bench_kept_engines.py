@@ -16,8 +16,10 @@ answer's confidence (20 candidates a token, flat lists, no candidate decoding) a
 notebook's ``postprocess`` does (``labels.confidence``), in Ray Data's postprocess tasks.
 
 ``--profile SIDE,...`` records each side's run with py-spy, ``--profile-after`` seconds in (once its engines
-answer), for 15 s, 50 a second: this process and every process Ray and vLLM start (the replicas, the
-engine cores, the stage actors, the postprocess tasks), into ``--out``, a collapsed stack a line.
+answer), for 15 s, 50 a second, where a thread holds the GIL (Python's own work: on_gpu.sh's ``top`` file has
+each process's whole CPU): this process and every process Ray and vLLM start (the replicas, the engine
+cores, the stage actors, the postprocess tasks), into ``--out``, a collapsed stack a line
+(``pyspy_summary.py`` sums it up per process).
 
 Each side prints its whole time, its first result, its steady rate (rows between 20% and 90% of the
 run, over their span) and each GPU's busy share over that span; the last line the ratios. The kept side's

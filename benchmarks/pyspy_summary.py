@@ -1,6 +1,7 @@
 """A py-spy recording with ``--subprocesses -f raw`` summed up per process: how much of a core each one
-used while recorded (samples over rate x seconds; py-spy leaves idle threads out), and where: the
-functions where its samples were (self), and the kit's and Ray Data's frames they passed through.
+used while recorded (samples over rate x seconds; py-spy leaves idle threads out, and with ``--gil``
+keeps only samples where a thread holds the GIL), and where: the functions its samples were in
+(self), and the kit's and Ray Data's frames they passed through.
 
     python benchmarks/pyspy_summary.py pyspy-kept-batch+confidence.txt --rate 50 --seconds 15
 """

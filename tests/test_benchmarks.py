@@ -83,6 +83,25 @@ def test_a_request_digest_is_its_sampling_settings_and_prompt_tokens():
     assert bench.digest(settings, 71) != bench.digest({**settings, "logprobs": 20}, 71)
 
 
+def test_a_py_spy_recording_is_summed_up_per_process(tmp_path, capsys, monkeypatch):
+    """py-spy's raw lines (``--subprocesses``): each sample's stack rooted at its processes, the last one its
+    own (a title may span lines, as a ``python -c`` script does), its count at the end."""
+    summary = load_script("pyspy_summary", folder="benchmarks")
+    raw = tmp_path / "raw.txt"
+    raw.write_text('process 1:"python bench.py";process 7:"ray::ServeReplica:app";run (x.py:1);fields (helpers/engines.py:9) 30\n'
+                   'process 1:"python bench.py";process 7:"ray::ServeReplica:app";run (x.py:1) 10\n'
+                   'process 1:"python bench.py";process 9:"python -c \nimport sys\n";main (y.py:2) 5\n'
+                   'process 1:"python bench.py";loop (b.py:3) 75\n')
+    seen = summary.per_process(raw.read_text())
+    assert {name: n for name, (n, _, _) in seen.items()} == {"7 ray::ServeReplica:app": 40, "9 python -c ": 5,
+                                                              "1 python bench.py": 75}
+    n, own, within = seen["7 ray::ServeReplica:app"]
+    assert own == {"fields (helpers/engines.py:9)": 30, "run (x.py:1)": 10} and within["run (x.py:1)"] == 40
+    monkeypatch.setattr(sys, "argv", ["pyspy_summary", str(raw), "--rate", "10", "--seconds", "5", "--top", "1"])
+    assert summary.main() == 0
+    assert capsys.readouterr().out.splitlines()[0] == " 1.50 cores  1 python bench.py"  # 75 samples / (10 a s x 5 s)
+
+
 def test_pipeline_benchmark_pieces():
     bench = load_script("bench_pipeline", folder="benchmarks")
     table = bench.ratio_table(bench.Timing(100, 80, 60), bench.Timing(90, 70, 40), bench.Timing(50, 40, 30))
