@@ -112,8 +112,7 @@ def free(engines: Engines | str, quiet: bool = False) -> None:
 
 
 def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
-    """A replica per engine. One GPU or a share of one: the replica holds it, vLLM runs beside it; several
-    GPUs an engine: a placement group of them, vLLM's ``ray`` executor."""
+    """A replica per engine: on one GPU or a share of one, beside vLLM; over several, a placement group of them."""
     from ray import serve
 
     args = {**plan.engine_args, **({"limit_mm_per_prompt": {"image": 1}} if plan.task == "vision" else {})}
@@ -121,9 +120,10 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
     low, high = plan.actor_pool  # (low, high): Serve adds engines while requests wait
     options: dict[str, Any] = {"num_replicas": high} if low == high else {"autoscaling_config": {
         "min_replicas": low, "max_replicas": high, "target_ongoing_requests": plan.max_concurrent_batches}}
-    if plan.world > 1:
-        args["distributed_executor_backend"] = "ray"
-        options |= {"placement_group_bundles": [{"CPU": 1}] + [{"GPU": 1, "CPU": 1}] * plan.world,
+    if plan.world > 1:  # the GPUs' type goes on their bundles: the replica's own (a CPU) cannot hold it
+        args["distributed_executor_backend"], kind = "ray", actor.pop("accelerator_type")
+        gpu = {"GPU": 1, "CPU": 1} | ({f"accelerator_type:{kind}": 0.001} if kind else {})  # Ray's label resource
+        options |= {"placement_group_bundles": [{"CPU": 1}] + [gpu] * plan.world,
                     "placement_group_strategy": "PACK" if plan.pipeline_parallel_size > 1 else "STRICT_PACK"}
     elif plan.accelerator_type:
         args.setdefault("distributed_executor_backend", "uni")

@@ -11,6 +11,9 @@ too, as another machine's home is: an engine placed on the worker would not find
 prepared, so the run must stop before it starts (``helpers.cluster.start``); with the cache on a folder
 both nodes see (``LLM_KIT_CACHE``), it runs. And a worker node that dies part-way, with the engine on
 it, must cost no row and repeat none.
+
+And GPU nodes of two types (Ray's ``accelerator_type`` labels, nodes of Ray's test ``Cluster``): an
+engine over several GPUs must land on GPUs of the type its plan names, with its replica.
 """
 
 from __future__ import annotations
@@ -339,3 +342,49 @@ def test_on_two_nodes_a_bucket_loses_and_duplicates_nothing_across_kills(s3, two
     listed = {o["Key"][len(folder):] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=folder)["Contents"]}
     assert {"text_classification.html", "text_classification.ipynb", "label_counts.png", "run.json"} <= listed
     assert not committed_ids(checkpoint)  # a finished run deletes its checkpoints
+
+
+PLACED = """
+import json, threading, time
+import ray, ray.util.state
+from ray import serve
+from ray.cluster_utils import Cluster
+from helpers import engines
+from helpers.presets import PRESETS
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+other = cluster.add_node(num_cpus=8, num_gpus=4, resources={"accelerator_type:A10G": 1})
+right = cluster.add_node(num_cpus=8, num_gpus=4, resources={"accelerator_type:H100": 1})
+ray.init(address=cluster.address, log_to_driver=False)
+serve.start(proxy_location="Disabled")
+# "auto" for a 70B model on 4 H100s: two engines of two GPUs each (no model: each replica's start fails once placed)
+plan = PRESETS["text-llama70b-h100-tp4"].override(tensor_parallel_size=2, concurrency=2, model_path="/no/such/model")
+app = engines._deployment(plan, {}, "tp")
+threading.Thread(target=lambda: serve.run(app, name="tp", route_prefix=None), daemon=True).start()
+groups, replicas, began = [], [], time.time()
+while time.time() - began < 120 and not (len(groups) == 2 and replicas):
+    time.sleep(1)
+    groups = [pg for pg in ray.util.placement_group_table().values() if pg["state"] == "CREATED"]
+    replicas = [a.node_id for a in ray.util.state.list_actors(filters=[("class_name", "=", "ServeReplica:tp:tp")]) if a.node_id]
+print("RESULT " + json.dumps({"groups": [list(pg["bundles"].values()) for pg in groups],
+                               "group_nodes": sorted({n for pg in groups for n in pg["bundles_to_node_id"].values()}),
+                               "replica_nodes": sorted(set(replicas)), "right": right.node_id,
+                               "engine": app._bound_deployment.init_args[1]}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_an_engine_over_several_gpus_lands_on_gpus_of_its_type_with_its_replica(tmp_path):
+    """A cluster of two GPU nodes of different types (Ray's own ``accelerator_type`` labels), the kit's
+    engines for a model that needs two GPUs each: each engine's placement group holds two GPUs of the
+    plan's type and a CPU for its replica, all on the right node, and the replica is placed there (its
+    start then fails: no model). Before the kit put the type on the GPU bundles, the replica asked for
+    it in a bundle of one CPU, and Ray refused to place it: no engine over several GPUs ever started."""
+    run = subprocess.run([sys.executable, "-c", PLACED], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, run.stdout[-2000:] + run.stderr[-3000:]
+    seen = json.loads(lines[-1].split(" ", 1)[1])
+    gpu = {"GPU": 1.0, "CPU": 1.0, "accelerator_type:H100": 0.001}
+    assert seen["groups"] == [[{"CPU": 1.0}, gpu, gpu]] * 2, seen
+    assert seen["group_nodes"] == seen["replica_nodes"] == [seen["right"]], seen
+    assert seen["engine"]["tensor_parallel_size"] == 2 and seen["engine"]["distributed_executor_backend"] == "ray"
