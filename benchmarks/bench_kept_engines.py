@@ -98,7 +98,7 @@ def per_run_processor(plan: Any, env: dict[str, str], request_of, confidence=Non
         max_concurrent_batches=plan.max_concurrent_batches, concurrency=plan.actor_pool,
         tokenize_stage={"enabled": bool(plan.accelerator_type), "num_cpus": plan.stage_cpus},
         detokenize_stage={"enabled": confidence is not None, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
-        log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **plan.placement)
+        log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **placement(plan))
     return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]}, postprocess=answered(confidence),
                            preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
 
@@ -116,6 +116,15 @@ def kit_run(plan: Any, kept: Any, request_of, ds, confidence=None):
 
     requests = ds.map(lambda row: {**request_of(row), "key": row["key"]}, num_cpus=plan.stage_cpus)
     return engines.answer(requests, kept).map(answered(confidence), num_cpus=plan.stage_cpus)
+
+
+def placement(plan: Any) -> dict[str, Any]:
+    """Ray Data LLM's and Serve LLM's config fields that place each engine: whole GPUs, a share of one, or one CPU."""
+    if not plan.accelerator_type:
+        return {"accelerator_type": None, "placement_group_config": {"bundles": [{"CPU": 1}]}}
+    shared = plan.replicas_per_gpu > 1
+    return {"accelerator_type": plan.ray_type,
+            **({"placement_group_config": {"bundles": [{"GPU": plan.gpus_per_replica, "CPU": 1}]}} if shared else {})}
 
 
 def engine_env(placement: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
@@ -161,12 +170,12 @@ def deploy(plan: Any, env: dict[str, str]) -> float:
             async for answer in await super().chat(request, raw_request_info):
                 yield answer.model_dump() if hasattr(answer, "model_dump") else answer
 
-    placement = plan.placement  # bundles where the kit sets them (a share of a GPU, a CPU), else Serve's own per GPU
-    env = engine_env(placement, env)
+    where = placement(plan)  # bundles where the kit sets them (a share of a GPU, a CPU), else Serve's own per GPU
+    env = engine_env(where, env)
     llm_config = LLMConfig(model_loading_config={"model_id": NAME, "model_source": plan.model_path},
-                           engine_kwargs=plan.engine_args, accelerator_type=placement["accelerator_type"],
-                           **({"placement_group_config": placement["placement_group_config"]}
-                              if "placement_group_config" in placement else {}),
+                           engine_kwargs=plan.engine_args, accelerator_type=where["accelerator_type"],
+                           **({"placement_group_config": where["placement_group_config"]}
+                              if "placement_group_config" in where else {}),
                            runtime_env={"env_vars": env}, log_engine_metrics=False,
                            deployment_config={"num_replicas": plan.replicas, "max_ongoing_requests": 100_000})
     return serve_app(build_llm_deployment(llm_config, override_serve_options={"name": NAME}, deployment_cls=DictServer), NAME)

@@ -382,7 +382,7 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
 
     raise_if(flag("VERBOSE", verbose))
     needs = Needs(plan.replicas, plan.replicas,  # an engine each, and a stage actor sending it batches
-                  plan.stage_cpus, ray_label(plan.accelerator_type) if plan.accelerator_type else None,
+                  plan.stage_cpus, plan.ray_type,
                   plan.gpus_per_replica, plan.pipeline_parallel_size)
     address = os.environ.get("RAY_ADDRESS")
     joined = bool(address) and address != "local"

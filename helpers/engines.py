@@ -59,7 +59,7 @@ _kept: dict[str, Engines] = {}  # by application name
 
 def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
     return {"model": plan.model_path, **plan.engine_args, "concurrency": plan.actor_pool, "gpus": plan.gpus_per_replica,
-            "accelerator_type": plan.placement["accelerator_type"], "env": env}
+            "accelerator_type": plan.ray_type, "env": env}
 
 
 def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
@@ -116,7 +116,7 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
     from ray import serve
 
     args = {**plan.engine_args, **({"limit_mm_per_prompt": {"image": 1}} if plan.task == "vision" else {})}
-    actor: dict[str, Any] = {"num_cpus": 1, "accelerator_type": plan.placement["accelerator_type"], "runtime_env": {"env_vars": env}}
+    actor: dict[str, Any] = {"num_cpus": 1, "accelerator_type": plan.ray_type, "runtime_env": {"env_vars": env}}
     low, high = plan.actor_pool  # (low, high): Serve adds engines while requests wait
     options: dict[str, Any] = {"num_replicas": high} if low == high else {"autoscaling_config": {
         "min_replicas": low, "max_replicas": high, "target_ongoing_requests": plan.max_concurrent_batches}}

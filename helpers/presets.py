@@ -264,14 +264,9 @@ class Preset:
         return {**kwargs, **self.engine_kwargs}
 
     @property
-    def placement(self) -> dict[str, Any]:
-        """The processor-config fields that place each engine: whole GPUs, a share of one, or one CPU."""
-        if self.accelerator_type and self.replicas_per_gpu > 1:
-            return {"accelerator_type": ray_label(self.accelerator_type),
-                    "placement_group_config": {"bundles": [{"GPU": self.gpus_per_replica, "CPU": 1}]}}
-        if self.accelerator_type:
-            return {"accelerator_type": ray_label(self.accelerator_type)}
-        return {"accelerator_type": None, "placement_group_config": {"bundles": [{"CPU": 1}]}}
+    def ray_type(self) -> str | None:
+        """The GPU type as Ray labels its nodes, which places the engines there (None: CPUs)."""
+        return ray_label(self.accelerator_type) if self.accelerator_type else None
 
 
 LLAMA_8B, LLAMA_70B = "unsloth/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct"

@@ -331,7 +331,7 @@ from helpers import cluster, config
 planned = config.fit("text", "auto", None, {"accelerator_type": sys.argv[1], "startup_timeout_s": 240, "stage_cpus": 0.1})
 cluster.start(planned)
 print(json.dumps({"gpus": cluster.read_cluster().get("GPU"), "planned": [planned.accelerator_type, planned.concurrency],
-                  "placement": planned.placement}))
+                  "ray_type": planned.ray_type}))
 """
 
 
@@ -400,7 +400,7 @@ def test_auto_with_a_gpu_type_named_asks_a_cluster_that_scales_from_zero_for_it_
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:] + monitor_log(env)
     planned = json.loads(result.stdout.strip().splitlines()[-1])
     assert planned["gpus"] == 4 and planned["planned"] == ["L4", 4], planned
-    assert planned["placement"]["accelerator_type"] == "L4"
+    assert planned["ray_type"] == "L4"
 
 
 @pytest.mark.slow

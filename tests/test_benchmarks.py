@@ -396,9 +396,9 @@ def test_the_kept_engines_benchmark_gives_serve_the_per_run_sides_rows_in_flight
                                                  replicas_per_gpu=2)
     assert kept.in_flight(shared, 2) == (768, 4) and kept.in_flight(shared, 1, 100) == (100, 2)
     env = {"HF_HUB_OFFLINE": "1"}
-    assert kept.engine_env(shared.placement, env) == {**env, "VLLM_RAY_PER_WORKER_GPUS": "0.5"}
-    assert kept.engine_env(shared.override(replicas_per_gpu=1).placement, env) == env
-    assert kept.engine_env(PRESETS["text-cpu-offline"].placement, env) == env
+    assert kept.engine_env(kept.placement(shared), env) == {**env, "VLLM_RAY_PER_WORKER_GPUS": "0.5"}
+    assert kept.engine_env(kept.placement(shared.override(replicas_per_gpu=1)), env) == env
+    assert kept.engine_env(kept.placement(PRESETS["text-cpu-offline"]), env) == env
 
 
 @pytest.mark.parametrize("argv", [["--sides", "per-run,kep"], ["--kept-actors", "0"], ["--kept-batch", "-1"]])
