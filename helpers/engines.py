@@ -120,10 +120,10 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
     low, high = plan.actor_pool  # (low, high): Serve adds engines while requests wait
     options: dict[str, Any] = {"num_replicas": high} if low == high else {"autoscaling_config": {
         "min_replicas": low, "max_replicas": high, "target_ongoing_requests": plan.max_concurrent_batches}}
-    if plan.world > 1:  # the GPUs' type goes on their bundles: the replica's own (a CPU) cannot hold it
-        args["distributed_executor_backend"], kind = "ray", actor.pop("accelerator_type")
-        gpu = {"GPU": 1, "CPU": 1} | ({f"accelerator_type:{kind}": 0.001} if kind else {})  # Ray's label resource
-        options |= {"placement_group_bundles": [{"CPU": 1}] + [gpu] * plan.world,
+    if plan.world > 1:  # Ray Serve LLM's bundles: the replica's CPU with the first GPU (vLLM's workers take no CPU)
+        args["distributed_executor_backend"], kind = "ray", actor.pop("accelerator_type")  # the type goes on the GPUs
+        gpu = {"GPU": 1} | ({f"accelerator_type:{kind}": 0.001} if kind else {})  # Ray's label resource
+        options |= {"placement_group_bundles": [gpu | {"CPU": 1}] + [gpu] * (plan.world - 1),
                     "placement_group_strategy": "PACK" if plan.pipeline_parallel_size > 1 else "STRICT_PACK"}
     elif plan.accelerator_type:
         args.setdefault("distributed_executor_backend", "uni")

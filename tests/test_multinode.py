@@ -380,11 +380,15 @@ def test_an_engine_over_several_gpus_lands_on_gpus_of_its_type_with_its_replica(
     plan's type and a CPU for its replica, all on the right node, and the replica is placed there (its
     start then fails: no model). Before the kit put the type on the GPU bundles, the replica asked for
     it in a bundle of one CPU, and Ray refused to place it: no engine over several GPUs ever started."""
+    from helpers import cluster
+
     run = subprocess.run([sys.executable, "-c", PLACED], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, run.stdout[-2000:] + run.stderr[-3000:]
     seen = json.loads(lines[-1].split(" ", 1)[1])
-    gpu = {"GPU": 1.0, "CPU": 1.0, "accelerator_type:H100": 0.001}
-    assert seen["groups"] == [[{"CPU": 1.0}, gpu, gpu]] * 2, seen
+    gpu = {"GPU": 1.0, "accelerator_type:H100": 0.001}
+    assert seen["groups"] == [[{**gpu, "CPU": 1.0}, gpu]] * 2, seen  # what cluster.Needs checks and asks an autoscaler for
+    needs = cluster.Needs(2, 0, 0, gpu_type="H100", gpus_per_replica=2)
+    assert needs.bundles()[:4] == [b for group in seen["groups"] for b in group], needs.bundles()
     assert seen["group_nodes"] == seen["replica_nodes"] == [seen["right"]], seen
     assert seen["engine"]["tensor_parallel_size"] == 2 and seen["engine"]["distributed_executor_backend"] == "ray"
