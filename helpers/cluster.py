@@ -6,6 +6,7 @@ The kit's only uses of Ray's internals are here, each marked ``Ray 2.60 internal
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import math
@@ -24,10 +25,8 @@ from helpers.presets import GPUS, ray_label
 
 def _driver() -> Any:
     for name in ("libcuda.so.1", "libcuda.so"):
-        try:
+        with contextlib.suppress(OSError):  # not this name: the next
             return ctypes.CDLL(name)
-        except OSError:
-            continue
     return None
 
 
@@ -382,8 +381,7 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
 
     raise_if(flag("VERBOSE", verbose))
     needs = Needs(plan.replicas, plan.replicas,  # an engine each, and a stage actor sending it batches
-                  plan.stage_cpus, plan.ray_type,
-                  plan.gpus_per_replica, plan.pipeline_parallel_size)
+                  plan.stage_cpus, plan.ray_type, plan.gpus_per_replica, plan.pipeline_parallel_size)
     address = os.environ.get("RAY_ADDRESS")
     joined = bool(address) and address != "local"
     context = ray.data.DataContext.get_current()

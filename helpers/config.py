@@ -180,6 +180,9 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
         changes["stage_cpus"] = 1.0 if p.accelerator_type else 0.1
         why["stage_cpus"] = ("a GPU: one light task per core, fewer worker processes to start" if p.accelerator_type
                              else "a CPU: the light stages share the cores the engine leaves")
+    if rows and "batch_size" not in given and -(-rows // p.batch_size) < p.replicas:  # a short run: every engine works
+        p = p.override(batch_size=-(-rows // p.replicas))
+        why["batch_size"] = f"{rows:,} rows: a batch for each of the {p.replicas} engines"
     if p.dtype is None and not p.accelerator_type:
         changes["dtype"], why["dtype"] = _cpu_dtype()
     if rows is not None and p.accelerator_type and not ({"enforce_eager", "torch_compile"} & given) and rows <= SHORT_GPU_ROWS:
@@ -201,7 +204,7 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
 def check(p: Preset, rows: int | None = None) -> list[str]:
     """The throughput guide's rules, with numbers: raise on what would fail, return what would waste."""
     errors, warnings = [], []
-    if p.batch_size * p.max_concurrent_batches < p.max_num_seqs:
+    if p.batch_size * p.max_concurrent_batches < p.max_num_seqs and not (rows and rows <= p.batch_size * p.replicas):
         warnings.append(f"batch_size x max_concurrent_batches = {p.batch_size * p.max_concurrent_batches} < max_num_seqs = "
                         f"{p.max_num_seqs}: the engine can never fill its batch")
     shape, memory = (p.shape, p.gpu_memory) if p.accelerator_type else (None, None)
@@ -220,7 +223,7 @@ def check(p: Preset, rows: int | None = None) -> list[str]:
                             "full-length sequences fit at once; lower max_model_len or max_num_seqs")
     if p.num_blocks < 2 * p.replicas:
         warnings.append(f"num_blocks={p.num_blocks} < 2 x {p.replicas} replicas: the first batches come slowly")
-    if rows and p.replicas > 1 and -(-rows // p.batch_size) < p.replicas:
+    if rows and p.batch_size > 1 and -(-rows // p.batch_size) < p.replicas:
         warnings.append(f"{rows:,} rows make {-(-rows // p.batch_size)} batches for {p.replicas} replicas: lower batch_size")
     if errors:
         raise ConfigurationError("Configuration errors:\n  - " + "\n  - ".join(errors))

@@ -299,8 +299,7 @@ def image_input(input_path: Any, input_format: Any, image_column: Any, id_column
 
 def check_prompt(prompt: Any, max_tokens: Any, temperature: Any, image_tokens: Any, keep_aspect: Any, max_pixels: Any) -> None:
     found = text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2)
-    found += number_in("IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect)
-    found += positive_int("MAX_PIXELS", max_pixels)
+    found += number_in("IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect) + positive_int("MAX_PIXELS", max_pixels)
     raise_if(found)
 
 

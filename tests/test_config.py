@@ -84,6 +84,18 @@ def test_auto_runs_four_engines_on_a_gpu_with_the_memory_and_the_cpus_for_them()
     assert fit(engine={"replicas_per_gpu": 3}, gpus=seen(("H200", 1))).replicas_per_gpu == 3  # yours is kept
 
 
+def test_a_short_run_gives_every_engine_a_batch_and_warns_of_nothing_the_kit_chose():
+    """309 rows (the sample) on four engines came as 2 batches of 256: two engines idle, and a warning told
+    you to lower batch_size. The kit lowers it itself where you did not set it."""
+    h200 = seen(("H200", 1, 139.8))
+    short = fit(gpus=h200, rows=309)
+    assert (short.replicas, short.batch_size) == (4, 78) and "a batch for each of the 4 engines" in dict(short.reasons)["batch_size"]
+    assert config.check(short, 309) == [] and config.check(fit(gpus=h200, rows=3), 3) == []
+    assert fit(gpus=h200, rows=100_000).batch_size == 256
+    mine = fit(engine={"batch_size": 256}, gpus=h200, rows=309)
+    assert mine.batch_size == 256 and config.check(mine, 309) == ["309 rows make 2 batches for 4 replicas: lower batch_size"]
+
+
 def test_auto_uses_tensor_parallelism_only_where_the_model_does_not_fit():
     l4 = fit(model=LLAMA_8B, gpus=seen(("L4", 4)))
     assert (l4.concurrency, l4.tensor_parallel_size, l4.replicas_per_gpu) == (4, 1, 1)
