@@ -1,6 +1,6 @@
-"""Where a notebook's time goes before its pipeline: run its cells up to (not including) the engines' start
-cell in this process, as a kernel would, and print each cell's seconds and, for the slow ones, the
-calls that took them (cProfile, cumulative time).
+"""Where a notebook's time goes before its pipeline: run its cells up to (not including) the run cell in
+this process, as a kernel would, the engines' start left out, and print each cell's seconds and, for
+the slow ones, the calls that took them (cProfile, cumulative time).
 
     python benchmarks/profile_cells.py text_classification -p INPUT_PATH '"/data/companies.csv"' \
         -p MODEL_SOURCE "'$(python benchmarks/random_weights.py unsloth/Llama-3.1-8B-Instruct)'" \
@@ -25,12 +25,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE_CELL = "pipeline.write("  # the run cell: the first that runs the pipeline (and writes results)
-ENGINES_CELL = "engines.start("  # the cell before it that starts the engines (in the background): not profiled
+ENGINES_CELL = "engines.start("  # the line that starts the engines (in the background): left out
 
 
 def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]]:
-    """The notebook's code cells before the one that starts its engines, with ``overrides`` set after the
-    parameters cell (as papermill injects them) and IPython-only lines left out."""
+    """The notebook's code cells before its run cell, with ``overrides`` set after the parameters cell (as
+    papermill injects them); the engines' start and IPython-only lines left out."""
     import nbformat
 
     nb = nbformat.read(REPO / "notebooks" / f"{notebook}.ipynb", as_version=4)
@@ -38,9 +38,9 @@ def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        if ENGINES_CELL in cell.source:
+        if PIPELINE_CELL in cell.source:
             break
-        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("display("))
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("display(") and ENGINES_CELL not in line)
         if "parameters" in cell.metadata.get("tags", []):
             for name, value in overrides.items():
                 ast.literal_eval(value)  # a literal, as the parameters cell takes

@@ -37,7 +37,7 @@ class Engines:
         """These engines once they answer; else an error naming the cause."""
         if _kept.get(self.name) is not self:
             raise EngineStartError("These engines were stopped (the notebook's last cell frees them): run the cells again "
-                                   "from 'Start the engines'.")
+                                   "from 'Start Ray and the engines'.")
         self.thread.join(self.plan.startup_timeout_s)
         if self.thread.is_alive() or self.failed:
             _kept.pop(self.name, None)  # first: a start that never ends is not waited for

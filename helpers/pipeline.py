@@ -154,7 +154,7 @@ class RunInterrupted(Explained, KeyboardInterrupt):
 
 
 class NotReadyError(Explained, RuntimeError):
-    """Ray is not running: the cells from 'Start Ray' down must run again."""
+    """Ray is not running: the cells from 'Start Ray and the engines' down must run again."""
 
 
 def rows_per_file(plan: Any, rows: int | None) -> int:
@@ -265,7 +265,7 @@ def write(run: Any, results, answered_name: str) -> Written:
     from helpers.cluster import checkpoint_filter
 
     if not ray.is_initialized():
-        raise NotReadyError("Ray is not running. Run the notebook again from the 'Start Ray' cell down.")
+        raise NotReadyError("Ray is not running. Run the notebook again from the 'Start Ray and the engines' cell down.")
     plan, parts, checkpoint = run.plan, run.where / run.PARTS, run.where / run.CHECKPOINT
     before, rows = {f for f, _ in parts.files()}, plan.rows
     finished = results.map_batches(finish, batch_format="pyarrow", fn_kwargs={"columns": run.functions.columns, "kept": run.functions.kept},

@@ -5,6 +5,8 @@ row's id and why it cannot be sent to the model."""
 from __future__ import annotations
 
 import codecs
+import contextlib
+import dataclasses
 import hashlib
 import io
 from dataclasses import dataclass
@@ -42,6 +44,7 @@ class CsvInput:
     rows: int | None
     rows_basis: str
     text_columns: tuple[str | None, ...] = ()  # TEXT_COLUMN, ID_COLUMN, LABEL_COLUMN
+    sample: tuple[dict[str, Any], ...] = ()  # the first rows with a text to send, to measure your requests on
 
     @property
     def shown(self) -> str:
@@ -68,20 +71,11 @@ def is_compressed(path: str) -> bool:
 
 
 def detect_encoding(head: bytes) -> str:
-    try:
-        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
-        return "utf8"
-    except UnicodeDecodeError:
-        pass
-    return next((e for e in FALLBACK_ENCODINGS if _decodes(head, e)), FALLBACK_ENCODINGS[-1])
-
-
-def _decodes(data: bytes, encoding: str) -> bool:
-    try:
-        data.decode(encoding)
-        return True
-    except UnicodeDecodeError:
-        return False
+    for encoding in ("utf8", *FALLBACK_ENCODINGS[:-1]):  # a character cut at the head's end is no error
+        with contextlib.suppress(UnicodeDecodeError):
+            codecs.getincrementaldecoder(encoding)().decode(head, final=False)
+            return encoding
+    return FALLBACK_ENCODINGS[-1]
 
 
 def encoding_problems(files: list[str], fs, encoding: str) -> list[str]:
@@ -144,6 +138,8 @@ def count_rows(files: list[str], fs, encoding: str) -> tuple[int | None, str]:
 def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_column: Any) -> CsvInput:
     """``INPUT_PATH`` checked with ``TEXT_COLUMN``, ``ID_COLUMN`` and ``LABEL_COLUMN``: there, readable,
     holding those columns and rows, every file of one encoding; raise listing every problem."""
+    import pyarrow.csv as pacsv
+
     found = text("INPUT_PATH", input_path, optional=True) + text("TEXT_COLUMN", text_column)
     found += text("ID_COLUMN", id_column, optional=True) + text("LABEL_COLUMN", label_column, optional=True)
     raise_if(found)
@@ -159,8 +155,6 @@ def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_co
     encoding = detect_encoding(head)
     columns: list[str] = []
     if head:
-        import pyarrow.csv as pacsv
-
         columns = pacsv.read_csv(io.BytesIO(head.split(b"\n", 1)[0] + b"\n"),
                                  read_options=pacsv.ReadOptions(encoding=encoding)).column_names
         wanted = {"TEXT_COLUMN": text_column, "ID_COLUMN": id_column, "LABEL_COLUMN": label_column}
@@ -172,7 +166,12 @@ def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_co
         found.append(f"INPUT_PATH={storage.redact(path)!r} holds no rows (a header only?): nothing to run on")
     raise_if(found)
     print(f"input: {storage.redact(path)} ({encoding}; {basis})")
-    return CsvInput(path, fs, encoding, columns, rows, basis, (text_column, id_column, label_column))
+    source = CsvInput(path, fs, encoding, columns, rows, basis, (text_column, id_column, label_column))
+    with contextlib.suppress(Exception):  # no rows apart (compressed; a line break in quotes cut): the preset's context
+        first = pacsv.read_csv(io.BytesIO(head[:head.rfind(b"\n") + 1]), read_options=source.read_options,
+                               convert_options=source.convert_options).slice(0, 1000).to_pylist()
+        source = dataclasses.replace(source, sample=tuple(r for r in first if not reject_reason(r[text_column]))[:200])
+    return source
 
 
 def reject_reason(value: object) -> str:

@@ -159,7 +159,7 @@ def main(folder: str) -> int:
         assert "rows written" in shown and "pipeline finished" in shown and len(shown) < 4000
         assert red == "", red  # a clean run shows no red (Ray's known core_worker.cc line left out)
         assert "all rows accounted for:      True" in checked
-        assert "'Start Ray' cell" in rerun and len(rerun.splitlines()) <= 3, rerun
+        assert "'Start Ray and the engines' cell" in rerun and len(rerun.splitlines()) <= 3, rerun
         assert sorted(str(p) for p in (work / "results").rglob("*")) == before
         print(f"screenshots: {sorted(str(p) for p in work.glob('*.png'))}")
         return 0

@@ -203,7 +203,7 @@ def test_engines_that_do_not_start_in_time_fail_or_were_freed_stop_the_run_with_
     assert time.monotonic() - began < 10 and "slow" not in engines._kept  # what was asked for is let go
     with pytest.raises(engines.EngineStartError, match="RuntimeError.*no GPU of type L4"):
         failed.ready()
-    with pytest.raises(engines.EngineStartError, match="were stopped.*run the cells again from 'Start the engines'"):
+    with pytest.raises(engines.EngineStartError, match="were stopped.*run the cells again from 'Start Ray and the engines'"):
         failed.ready()  # freed
 
 

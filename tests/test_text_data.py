@@ -44,6 +44,20 @@ def test_the_input_is_checked_counted_and_its_columns_named(tmp_path):
     assert rows.rows_basis.startswith("estimated") and abs(rows.rows - 100_000) / 100_000 < 0.02
 
 
+def test_the_first_rows_with_a_text_to_send_come_with_the_input_for_the_prompt_cell(tmp_path):
+    """The prompt cell measures your requests before Ray starts, so the engines start fitted while the data
+    is read: on the first file's first rows as Ray reads them (ids of digits as text), none without a text."""
+    first = pd.read_csv(data.sample_path(), dtype=str, keep_default_na=False).head(203)
+    sent = first[first["Company"].str.strip() != ""].head(200)
+    sample = data.csv_input(None, "Company", "Customer Id", "Industry").sample
+    assert [r["Customer Id"] for r in sample] == list(sent["Customer Id"]) and len(sample) == 200
+    assert [r["Company"] for r in sample] == list(sent["Company"]) and all(type(r["Index"]) is int for r in sample)
+    (tmp_path / "ids.csv").write_text("Customer Id,Company\n007,Acme\n008,\n")
+    assert data.csv_input(str(tmp_path / "ids.csv"), "Company", "Customer Id", None).sample == ({"Customer Id": "007", "Company": "Acme"},)
+    sent.to_csv(tmp_path / "c.csv.gz", index=False)
+    assert data.csv_input(str(tmp_path / "c.csv.gz"), "Company", None, None).sample == ()  # compressed: not apart
+
+
 def test_every_files_encoding_is_checked_naming_the_file_and_the_byte(tmp_path):
     """Ray reads every file with one encoding: cp1252 bytes past the first MiB, or a second file in
     another encoding, failed the whole read with Ray's raw error (or read wrong text silently)."""
