@@ -1,8 +1,9 @@
 """vLLM's engines, kept up between runs in this kernel: ``AsyncLLM`` in a Ray Serve deployment, a replica
-per engine, placed as the plan says, with no HTTP route. A changed model or engine setting restarts them
-and says so; a changed prompt never does. A run sends each batch of requests in one call (Serve's cost
-is paid per batch, not per row) and gets back what Ray Data LLM's vLLM stage gives: ``generated_text``,
-the token counts, ``generated_tokens``, ``logprobs``. They end with :func:`free`, or with the kernel."""
+per engine, placed as the plan says, with no HTTP route. A new model or engine setting restarts them and
+says so; a new prompt never does. A run begins once one engine answers (the rest join as they start) and
+sends each batch of requests in one call (Serve's cost is paid per batch, not per row); it gets back Ray
+Data LLM's vLLM stage's fields: ``generated_text``, the token counts, ``generated_tokens``, ``logprobs``.
+They end with :func:`free`, or with the kernel."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import hashlib
 import math
 import os
 import socket
-import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,19 +31,20 @@ class Engines:
     name: str
     settings: dict[str, Any]  # what needs new engines when it changes
     plan: Any
-    failed: list[BaseException] = field(default_factory=list)
-    thread: threading.Thread | None = None
+    started: float = field(default_factory=time.monotonic)
 
     def ready(self) -> Engines:
-        """These engines once they answer; else an error naming the cause."""
+        """These engines once one answers (Serve sends requests to those running); else an error naming the cause."""
         if _kept.get(self.name) is not self:
             raise EngineStartError("These engines were stopped (the notebook's last cell frees them): run the cells again "
                                    "from 'Start Ray and the engines'.")
-        self.thread.join(self.plan.startup_timeout_s)
-        if self.thread.is_alive() or self.failed:
-            _kept.pop(self.name, None)  # first: a start that never ends is not waited for
+        late = self.started + self.plan.startup_timeout_s
+        while (state := _state(self.name))[0] in STARTING and not state[1] and time.monotonic() < late:
+            time.sleep(0.5)
+        if not state[1]:  # no engine running
+            _kept.pop(self.name, None)
             free(self.name, quiet=True)
-            why = repr(self.failed[0]) if self.failed else f"not ready in {self.plan.startup_timeout_s} s"
+            why = f"not ready in {self.plan.startup_timeout_s} s" if state[0] in STARTING else f"Serve: {state[0]}, {state[2][:2000]}"
             raise EngineStartError(f"The engines did not start ({why}). Ray's logs say why (VERBOSE=True shows them); "
                                    "for a big model or a cluster adding GPUs, raise ENGINE['startup_timeout_s'].")
         return self
@@ -50,11 +52,21 @@ class Engines:
     def changes(self, wanted: dict[str, Any], plan: Any) -> list[str]:
         """What needs new engines for ``plan`` (its settings ``wanted``): none where these serve it, as they are."""
         changed = sorted(k for k in {*wanted, *self.settings} if self.settings.get(k) != wanted.get(k))
-        fits = changed == ["max_model_len"] and self.plan.max_model_len >= plan.max_model_len  # a shorter context
-        return (["their start"] if self.failed else []) + ([] if fits else changed)
+        return [] if changed == ["max_model_len"] and self.plan.max_model_len >= plan.max_model_len else changed  # shorter fits
 
 
 _kept: dict[str, Engines] = {}  # by application name
+STARTING = ("NOT_STARTED", "DEPLOYING")  # Serve's application status while no engine answers yet
+
+
+def _state(name: str) -> tuple[str | None, int, str]:
+    """Serve's word on application ``name``: its status (None: there is none), its engines running, why it failed."""
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    engine = app.deployments.get(name) if app else None
+    message = (engine.message if engine else "") or (app.message if app else "")
+    return (app.status if app else None), (engine.replica_states.get("RUNNING", 0) if engine else 0), message
 
 
 def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
@@ -71,30 +83,22 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
     kernel = hashlib.sha1(f"{socket.gethostname()} {os.getpid()}".encode()).hexdigest()[:8]
     name, wanted = f"{notebook}-{kernel}", _settings(plan, env)
     serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
-    kept = _kept.get(name)
-    if kept is not None and (kept.thread.is_alive() or name in serve.status().applications):  # Ray kept too
-        if not (changed := kept.changes(wanted, plan)):
+    kept, (app, _, _) = _kept.get(name), _state(name)
+    if kept is not None:  # Serve must have kept them too, starting or running
+        if not (changed := kept.changes(wanted, plan) if app in (*STARTING, "RUNNING") else [f"their state ({app})"]):
             print(f"the {plan.replicas} engine(s) started earlier are kept: a changed prompt needs no new ones")
             kept.plan = kept.plan.override(batch_size=plan.batch_size, max_concurrent_batches=plan.max_concurrent_batches,
                                            stage_cpus=plan.stage_cpus)
             return kept
         print(f"restarting the engines: {', '.join(changed)} changed")
     free(name, quiet=True)
-    engines = Engines(name, wanted, plan)
-
-    def deploy() -> None:
-        try:  # serve.run returns once the replicas are ready: in a thread, so the notebook goes on meanwhile
-            serve.run(_deployment(plan, env, name), name=name, route_prefix=None)
-        except BaseException as exc:  # named by ready()
-            engines.failed.append(exc)
-
-    engines.thread = threading.Thread(target=deploy, name=f"start {name}", daemon=True)
-    engines.thread.start()
+    serve.run_many([serve.RunTarget(_deployment(plan, env, name), name=name, route_prefix=None)],
+                   wait_for_applications_running=False)  # Serve starts them while the next cells run
     if not _kept:
         atexit.register(lambda: [free(n, quiet=True) for n in list(_kept)])  # the kernel ends: the GPUs go back
-    _kept[name] = engines
-    print(f"starting {plan.replicas} engine(s) in the background; the run cell waits for them")
-    return engines
+    print(f"starting {plan.replicas} engine(s) in the background; the run cell waits for the first")
+    _kept[name] = Engines(name, wanted, plan)
+    return _kept[name]
 
 
 def free(engines: Engines | str, quiet: bool = False) -> None:
@@ -102,10 +106,7 @@ def free(engines: Engines | str, quiet: bool = False) -> None:
     import ray
     from ray import serve
 
-    name = engines if isinstance(engines, str) else engines.name
-    started = _kept.pop(name, None)
-    if started is not None and started.thread is not threading.current_thread():
-        started.thread.join()  # a start under way ends first (Serve's calls would start Ray again after it stops)
+    _kept.pop(name := getattr(engines, "name", engines), None)
     if ray.is_initialized() and name in serve.status().applications:
         serve.delete(name)
         quiet or print("the engines are stopped: they hold no GPU or CPU now")
@@ -218,7 +219,7 @@ class _Send:
 
 
 def answer(ds: Any, engines: Engines) -> Any:
-    """``ds``'s requests (your ``preprocess``'s rows) answered by ``engines`` once they are ready: a stage
+    """``ds``'s requests (your ``preprocess``'s rows) answered by ``engines`` once one is ready: a stage
     actor per engine, each with ``max_concurrent_batches`` batches at once."""
     import ray
 

@@ -462,7 +462,7 @@ def plot_captions(ds, captions: dict[str, str], path=None, count: int = 20, colu
     font = FT2Font(font_manager.findfont(font_manager.FontProperties()))
     rows = [r for r in ds.limit(2 * count).take_all() if not r[REJECT_REASON]][:count]
     lines = max(1, -(-len(rows) // columns))
-    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 4.0 * lines), squeeze=False)
+    fig, axes = plt.subplots(lines, columns, figsize=(3.2 * columns, 4.0 * lines), squeeze=False, layout="tight")
     for ax in axes.flat:
         ax.axis("off")
     for ax, row in zip(axes.flat, rows):
@@ -472,7 +472,6 @@ def plot_captions(ds, captions: dict[str, str], path=None, count: int = 20, colu
         ax.set_title(row[SOURCE].split(":")[-1], fontsize=9, fontweight="bold", parse_math=False)  # "$" is text, not math
         ax.text(0.5, -0.04, textwrap.fill(textwrap.shorten(caption, 4 * wrap, placeholder="…"), wrap) or "(empty)",
                 transform=ax.transAxes, ha="center", va="top", fontsize=8, parse_math=False)
-    fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)
     return fig

@@ -161,7 +161,7 @@ def reliability(truth: pd.Series, predicted: pd.Series, conf: pd.Series, bins: i
 def plot_reliability(table: pd.DataFrame, path=None, title: str = "Confidence against accuracy"):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig, ax = plt.subplots(figsize=(5, 5), layout="tight")
     shown = table[table["rows"] > 0]
     ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="calibrated")
     ax.plot(shown["mean confidence"], shown["accuracy"], marker="o", label="this run")
@@ -169,7 +169,6 @@ def plot_reliability(table: pd.DataFrame, path=None, title: str = "Confidence ag
         ax.annotate(f"{int(row['rows'])}", (row["mean confidence"], row["accuracy"]), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (mean per bin; rows per bin marked)", ylabel="accuracy", title=title)
     ax.legend(loc="upper left")
-    fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
@@ -192,7 +191,7 @@ def confusion_matrix(truth: pd.Series, predicted: pd.Series, labels: Sequence[st
 def plot_confusion_matrix(cm: pd.DataFrame, path=None, title: str = "Confusion matrix"):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 6))
+    fig, ax = plt.subplots(figsize=(7, 6), layout="tight")
     ax.imshow(cm.values, cmap="Blues")
     ax.set_xticks(range(len(cm.columns)), cm.columns, rotation=45, ha="right")
     ax.set_yticks(range(len(cm.index)), cm.index)
@@ -201,7 +200,6 @@ def plot_confusion_matrix(cm: pd.DataFrame, path=None, title: str = "Confusion m
     for (i, j), value in pd.DataFrame(cm.values).stack().items():
         if value:
             ax.text(j, i, str(value), ha="center", va="center", color="white" if value > peak / 2 else "black", fontsize=9)
-    fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig

@@ -185,26 +185,63 @@ def test_a_failed_run_resumes_where_it_stopped_and_writes_each_row_once(local_ra
 
 
 def test_engines_that_do_not_start_in_time_fail_or_were_freed_stop_the_run_with_the_cause(monkeypatch):
-    """The run cell waits for the engines (``engines.answer``), never forever: engines still starting after
-    ``startup_timeout_s`` (a cluster that never gets its GPUs), a start that failed, or engines the last
-    cell freed each stop it with one line saying why (the real start: test_notebook_runs)."""
-    import threading
-
+    """The run cell waits for the first engine (``engines.answer``), never forever: engines still starting
+    after ``startup_timeout_s`` (a cluster that never gets its GPUs), a start that failed, or engines the
+    last cell freed each stop it with one line saying why; one engine of two running is enough to begin
+    (Serve sends requests to those running; on a cluster adding nodes the rest come later). The real
+    start: test_notebook_runs and test_live_kernel."""
     from helpers import engines
 
-    slow = engines.Engines("slow", {}, PLAN.override(startup_timeout_s=1), thread=threading.Thread(target=time.sleep, args=(30,)))
-    failed = engines.Engines("failed", {}, PLAN, failed=[RuntimeError("no GPU of type L4")], thread=threading.Thread(target=len, args=("",)))
-    for started in (slow, failed):
-        started.thread.start()
+    states = {"slow": ("DEPLOYING", 0, ""), "failed": ("DEPLOY_FAILED", 0, "RuntimeError: no GPU of type L4"),
+              "half": ("DEPLOYING", 1, "")}
+    freed = []
+    monkeypatch.setattr(engines, "_state", lambda name: states[name])
+    monkeypatch.setattr(engines, "free", lambda name, quiet=False: freed.append(name))
+    slow = engines.Engines("slow", {}, PLAN.override(startup_timeout_s=1))
+    failed, half = engines.Engines("failed", {}, PLAN), engines.Engines("half", {}, PLAN)
+    for started in (slow, failed, half):
         monkeypatch.setitem(engines._kept, started.name, started)
     began = time.monotonic()
     with pytest.raises(engines.EngineStartError, match=r"did not start \(not ready in 1 s\).*startup_timeout_s"):
         engines.answer(None, slow)
-    assert time.monotonic() - began < 10 and "slow" not in engines._kept  # what was asked for is let go
-    with pytest.raises(engines.EngineStartError, match="RuntimeError.*no GPU of type L4"):
+    assert 1 <= time.monotonic() - began < 10 and "slow" not in engines._kept and freed == ["slow"]  # let go
+    with pytest.raises(engines.EngineStartError, match="DEPLOY_FAILED.*RuntimeError.*no GPU of type L4"):
         failed.ready()
     with pytest.raises(engines.EngineStartError, match="were stopped.*run the cells again from 'Start Ray and the engines'"):
         failed.ready()  # freed
+    began = time.monotonic()
+    assert half.ready() is half and time.monotonic() - began < 1 and "half" in engines._kept
+
+
+def test_the_run_begins_once_one_engine_answers_as_serve_itself_reports_it(local_ray, tmp_path, monkeypatch):
+    """Serve's own status, not a stand-in: an application of two replicas, the second slow to start (a
+    node the autoscaler adds later); ``ready()`` returns with one running while Serve still deploys the
+    other, and ``free`` removes the application, the slow replica too."""
+    from ray import serve
+
+    from helpers import engines
+
+    @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0})
+    class Engine:
+        def __init__(self, first: str):
+            import os
+            import time
+
+            try:
+                os.close(os.open(first, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                time.sleep(120)  # the second engine
+
+    serve.start(proxy_location="Disabled")
+    name = "two-engines"
+    serve.run_many([serve.RunTarget(Engine.options(name=name).bind(str(tmp_path / "first")), name=name, route_prefix=None)],
+                   wait_for_applications_running=False)
+    kept = engines.Engines(name, {}, PLAN.override(startup_timeout_s=100))
+    monkeypatch.setitem(engines._kept, name, kept)
+    assert kept.ready() is kept and time.monotonic() - kept.started < 60
+    assert engines._state(name)[:2] == ("DEPLOYING", 1)
+    engines.free(kept, quiet=True)
+    assert name not in serve.status().applications and name not in engines._kept
 
 
 def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_restarted_for_anything_else():
@@ -221,7 +258,6 @@ def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_resta
     assert kept.changes({**settings, "max_model_len": 1024}, plan.override(max_model_len=1024)) == ["max_model_len"]
     assert kept.changes({**settings, "max_model_len": 256, "max_num_seqs": 16}, plan.override(max_model_len=256)) == [
         "max_model_len", "max_num_seqs"]
-    assert engines.Engines("failed", settings, plan, failed=[RuntimeError("x")]).changes(settings, plan) == ["their start"]
 
 
 @pytest.mark.parametrize("flat", [True, False])
