@@ -25,9 +25,8 @@ from helpers.presets import GPUS, ray_label
 
 def _driver() -> Any:
     for name in ("libcuda.so.1", "libcuda.so"):
-        with contextlib.suppress(OSError):  # not this name: the next
+        with contextlib.suppress(OSError):  # not this name: the next (none: no driver, None)
             return ctypes.CDLL(name)
-    return None
 
 
 def local_gpus(driver: Any = None) -> tuple[int, str | None, float | None]:

@@ -298,9 +298,8 @@ def image_input(input_path: Any, input_format: Any, image_column: Any, id_column
 
 
 def check_prompt(prompt: Any, max_tokens: Any, temperature: Any, image_tokens: Any, keep_aspect: Any, max_pixels: Any) -> None:
-    found = text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2)
-    found += number_in("IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect) + positive_int("MAX_PIXELS", max_pixels)
-    raise_if(found)
+    raise_if(text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2) + number_in(
+        "IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect) + positive_int("MAX_PIXELS", max_pixels))
 
 
 def _fields(spec: str) -> tuple[str, ...]:
@@ -449,7 +448,7 @@ def example(image_tokens: int, keep_aspect: bool = True) -> dict[str, Any]:
             "vision_tokens": vision_tokens(width, height)}
 
 
-def plot_captions(ds, captions: dict[str, str], path=None, count: int = 20, columns: int = 5, wrap: int = 32):
+def plot_captions(ds, captions: dict[str, str], path, count: int = 20, columns: int = 5, wrap: int = 32):
     """The first ``count`` prepared images, read again as the model saw them, each with its file name and
     its caption (``captions``: by row id). Characters the chart's font cannot draw (an untrained model
     emits them) show as a middle dot, not as boxes that read as an encoding bug."""
@@ -472,8 +471,7 @@ def plot_captions(ds, captions: dict[str, str], path=None, count: int = 20, colu
         ax.set_title(row[SOURCE].split(":")[-1], fontsize=9, fontweight="bold", parse_math=False)  # "$" is text, not math
         ax.text(0.5, -0.04, textwrap.fill(textwrap.shorten(caption, 4 * wrap, placeholder="…"), wrap) or "(empty)",
                 transform=ax.transAxes, ha="center", va="top", fontsize=8, parse_math=False)
-    if path is not None:
-        fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110)
     return fig
 
 

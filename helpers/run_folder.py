@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from helpers import storage
 from helpers.pipeline import first_rows
 from helpers.parameters import Explained, flag, raise_if, text
@@ -81,8 +83,9 @@ class _Lock:
                 return ""
             except OSError:
                 pass
-        elif not record or time.time() - float(record.get("heartbeat", 0)) > STALE_S:
-            return ""
+        elif not record or time.time() - float(record.get("heartbeat", 0)) > STALE_S or (
+                record.get("host") == socket.gethostname() and not psutil.pid_exists(int(record.get("pid", 0)))):
+            return ""  # a run that stopped beating, or whose process on this host is gone (a crash, a killed kernel)
         return f"run {str(record.get('run', '?'))[:8]} on {record.get('host')} (process {record.get('pid')})"
 
     def take(self) -> None:
