@@ -298,8 +298,8 @@ def image_input(input_path: Any, input_format: Any, image_column: Any, id_column
 
 
 def check_prompt(prompt: Any, max_tokens: Any, temperature: Any, image_tokens: Any, keep_aspect: Any, max_pixels: Any) -> None:
-    raise_if(text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2) + number_in(
-        "IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect) + positive_int("MAX_PIXELS", max_pixels))
+    raise_if(text("PROMPT", prompt) + positive_int("MAX_TOKENS", max_tokens) + number_in("TEMPERATURE", temperature, 0, 2)
+             + number_in("IMAGE_TOKENS", image_tokens, 1, 16384) + flag("KEEP_ASPECT", keep_aspect) + positive_int("MAX_PIXELS", max_pixels))
 
 
 def _fields(spec: str) -> tuple[str, ...]:

@@ -113,8 +113,9 @@ def encoding_problems(files: list[str], fs, encoding: str) -> list[str]:
     return found
 
 
-def count_rows(files: list[str], fs, encoding: str) -> tuple[int | None, str]:
-    """The CSV's rows: counted in a file of at most a MiB, else the first MiB's scaled by the files' sizes."""
+def count_rows(files: list[str], fs, head: bytes, encoding: str) -> tuple[int | None, str]:
+    """The CSV's rows: counted in a file of at most a MiB, else the first MiB's (``head``, already read)
+    scaled by the files' sizes."""
     import pyarrow.csv as pacsv
 
     if storage.is_web(files[0]) or any(is_compressed(f) for f in files):
@@ -122,7 +123,6 @@ def count_rows(files: list[str], fs, encoding: str) -> tuple[int | None, str]:
     try:
         filesystem, _ = storage.resolve(files[0], fs)
         sizes = [i.size or 0 for i in filesystem.get_file_info([storage.resolve(f, fs)[1] for f in files])]
-        head = storage.read_head(files[0], HEAD_BYTES, fs)
         whole = len(head) >= sizes[0]
         used = head if whole else head[:head.rfind(b"\n") + 1]
         rows = pacsv.read_csv(io.BytesIO(used), read_options=pacsv.ReadOptions(encoding=encoding)).num_rows if used.strip() else 0
@@ -161,7 +161,7 @@ def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_co
         found += [f"{name}={column!r} is not a column of {storage.redact(files[0])}; its columns: "
                   f"{', '.join(map(repr, columns))}" for name, column in wanted.items() if column and column not in columns]
         found += encoding_problems(files, fs, encoding)
-    rows, basis = count_rows(files, fs, encoding)
+    rows, basis = count_rows(files, fs, head, encoding)
     if rows == 0:
         found.append(f"INPUT_PATH={storage.redact(path)!r} holds no rows (a header only?): nothing to run on")
     raise_if(found)
