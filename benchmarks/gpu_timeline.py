@@ -30,7 +30,8 @@ import re
 from pathlib import Path
 
 #: vLLM's log lines ("INFO 11-24 17:03:12 [gpu_worker.py:123] ...") that mark an engine's start.
-EVENTS = re.compile(r"(Loading weights took|Model loading took|Available KV cache memory|reserved .* KV Cache|"
+EVENTS = re.compile(r"(Resolved architecture|Initializing a V1 LLM engine|Starting to load model|"  # config, core, load
+                    r"Loading weights took|Model loading took|Available KV cache memory|reserved .* KV Cache|"
                     r"GPU KV cache size|Maximum concurrency|Graph capturing finished|init engine|"
                     r"Engine core initialization failed|No available memory|Error in memory profiling|"
                     r"Free memory on device|CUDA out of memory|torch.compile takes|Compiling a graph)")

@@ -8,10 +8,8 @@ They end with :func:`free`, or with the kernel."""
 from __future__ import annotations
 
 import atexit
-import hashlib
 import math
-import os
-import socket
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,7 +54,9 @@ class Engines:
 
 
 _kept: dict[str, Engines] = {}  # by application name
+_marks: list[Any] = []  # this kernel's mark, held (Ray ends an actor no one holds)
 STARTING = ("NOT_STARTED", "DEPLOYING")  # Serve's application status while no engine answers yet
+MARKS = "notebook-kernels"  # the Ray namespace of the kernels' marks, named "kernel-<Ray job id>"
 
 
 def _state(name: str) -> tuple[str | None, int, str]:
@@ -69,6 +69,10 @@ def _state(name: str) -> tuple[str | None, int, str]:
     return (app.status if app else None), (engine.replica_states.get("RUNNING", 0) if engine else 0), message
 
 
+class Mark:
+    """A kernel's mark: an actor that holds nothing, which Ray ends with the kernel (killed, crashed, or done)."""
+
+
 def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
     return {"model": plan.model_path, **plan.engine_args, "concurrency": plan.actor_pool, "gpus": plan.gpus_per_replica,
             "accelerator_type": plan.ray_type, "env": env}
@@ -77,12 +81,20 @@ def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
 def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
     """This kernel's engines for ``plan``: those running already if they serve it (the same settings, a
     context at least as long), else new ones, starting in the background while the next cells run. One
-    application per notebook and kernel: two notebooks on one cluster never share engines."""
+    application per notebook and kernel: two notebooks on one cluster never share engines. Engines whose
+    kernel is gone (killed, or crashed, before freeing them) are freed: they held their GPUs."""
+    import ray
     from ray import serve
 
-    kernel = hashlib.sha1(f"{socket.gethostname()} {os.getpid()}".encode()).hexdigest()[:8]
-    name, wanted = f"{notebook}-{kernel}", _settings(plan, env)
+    job = ray.get_runtime_context().get_job_id()
+    name, wanted = f"{notebook}-engines-{job}", _settings(plan, env)
+    if not _alive(f"kernel-{job}"):  # the first start in this kernel (or since Ray restarted in it)
+        _marks.append(ray.remote(num_cpus=0)(Mark).options(name=f"kernel-{job}", namespace=MARKS).remote())
     serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
+    for other in serve.status().applications:
+        if (dead := re.fullmatch(r".+-engines-([0-9a-f]+)", other)) and not _alive(f"kernel-{dead[1]}"):
+            print(f"freeing {other}: engines whose kernel is gone, holding their GPUs (or CPUs)")
+            free(other, quiet=True)
     kept, (app, _, _) = _kept.get(name), _state(name)
     if kept is not None:  # Serve must have kept them too, starting or running
         if not (changed := kept.changes(wanted, plan) if app in (*STARTING, "RUNNING") else [f"their state ({app})"]):
@@ -99,6 +111,15 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
     print(f"starting {plan.replicas} engine(s) in the background; the run cell waits for the first")
     _kept[name] = Engines(name, wanted, plan)
     return _kept[name]
+
+
+def _alive(mark: str) -> bool:
+    import ray
+
+    try:
+        return bool(ray.get_actor(mark, namespace=MARKS))
+    except ValueError:  # Ray ended it with its kernel
+        return False
 
 
 def free(engines: Engines | str, quiet: bool = False) -> None:

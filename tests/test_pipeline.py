@@ -244,6 +244,60 @@ def test_the_run_begins_once_one_engine_answers_as_serve_itself_reports_it(local
     assert name not in serve.status().applications and name not in engines._kept
 
 
+def holding(name: str):
+    """A stand-in for the engines: a replica that holds a CPU (an engine's GPU on a cluster) and does nothing."""
+    from ray import serve
+
+    @serve.deployment(name=name, ray_actor_options={"num_cpus": 1})
+    class Holding:
+        pass
+
+    return Holding.bind()
+
+
+KERNEL = """
+import sys, time, ray
+from helpers import engines
+from test_pipeline import PLAN, holding
+engines._deployment = lambda plan, env, name: holding(name)
+ray.init(address=sys.argv[1], log_to_driver=False)
+print("started", engines.start(PLAN, {}, sys.argv[2]).name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_kernels_are_kept(local_ray, monkeypatch):
+    """A kernel killed before its last cell (a crashed job, a killed kernel, a job's retry) leaves its engines,
+    a Serve application, holding their GPUs: the next start on the cluster, from any notebook, frees them,
+    and its engines start on what they held; the engines of a kernel still running are kept. Real kernels
+    (Ray drivers) in processes of their own, killed with SIGKILL."""
+    import subprocess
+    import sys
+
+    from ray import serve
+
+    from helpers import engines
+
+    gcs = local_ray.get_runtime_context().gcs_address
+    kernels = [subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "RAY_ADDRESS": ""}) for notebook in ("killed", "alive")]
+    try:
+        killed, alive = [next(line.split()[1] for line in kernel.stdout if line.startswith("started ")) for kernel in kernels]
+        assert killed.startswith("killed-engines-") and alive.startswith("alive-engines-")
+        kernels[0].kill()  # SIGKILL: no atexit, no last cell
+        kernels[0].wait()
+        monkeypatch.setattr(engines, "_deployment", lambda plan, env, name: holding(name))
+        began = time.monotonic()
+        started = engines.start(PLAN.override(startup_timeout_s=60), {}, "next")  # the CPUs are 2: one was held
+        assert started.ready() is started and time.monotonic() - began < 60
+        assert killed not in serve.status().applications and alive in serve.status().applications
+        engines.free(started, quiet=True)
+    finally:
+        for kernel in kernels:
+            kernel.kill()
+        serve.delete(alive)
+
+
 def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_restarted_for_anything_else():
     """A prompt edited in the notebook: ``config.fit_context`` measures the real requests again. Engines
     with a context at least as long are kept; a lengthened prompt that needs a longer one, another engine
