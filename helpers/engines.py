@@ -54,9 +54,9 @@ class Engines:
 
 
 _kept: dict[str, Engines] = {}  # by application name
-_marks: list[Any] = []  # this kernel's mark, held (Ray ends an actor no one holds)
+_marks: list[Any] = []  # this kernel's mark (an actor no one holds, Ray ends)
 STARTING = ("NOT_STARTED", "DEPLOYING")  # Serve's application status while no engine answers yet
-MARKS = "notebook-kernels"  # the Ray namespace of the kernels' marks, named "kernel-<Ray job id>"
+MARKS = "notebook-kernels"  # the Ray namespace of the kernels' marks, each named by its kernel's Ray job id
 
 
 def _state(name: str) -> tuple[str | None, int, str]:
@@ -70,7 +70,7 @@ def _state(name: str) -> tuple[str | None, int, str]:
 
 
 class Mark:
-    """A kernel's mark: an actor that holds nothing, which Ray ends with the kernel (killed, crashed, or done)."""
+    """A kernel's mark: an actor Ray ends with the kernel that made it (killed, crashed, or done)."""
 
 
 def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
@@ -88,11 +88,12 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
 
     job = ray.get_runtime_context().get_job_id()
     name, wanted = f"{notebook}-engines-{job}", _settings(plan, env)
-    if not _alive(f"kernel-{job}"):  # the first start in this kernel (or since Ray restarted in it)
-        _marks.append(ray.remote(num_cpus=0)(Mark).options(name=f"kernel-{job}", namespace=MARKS).remote())
     serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
-    for other in serve.status().applications:
-        if (dead := re.fullmatch(r".+-engines-([0-9a-f]+)", other)) and not _alive(f"kernel-{dead[1]}"):
+    marks = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == MARKS}
+    if job not in marks:  # this kernel's mark: an actor of no resources, held; Ray ends it with the kernel
+        _marks.append(ray.remote(num_cpus=0)(Mark).options(name=job, namespace=MARKS).remote())
+    for other in serve.status().applications:  # engines of a kernel killed before freeing them hold their GPUs
+        if (dead := re.fullmatch(r".+-engines-([0-9a-f]+)", other)) and dead[1] not in {*marks, job}:
             print(f"freeing {other}: engines whose kernel is gone, holding their GPUs (or CPUs)")
             free(other, quiet=True)
     kept, (app, _, _) = _kept.get(name), _state(name)
@@ -111,15 +112,6 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
     print(f"starting {plan.replicas} engine(s) in the background; the run cell waits for the first")
     _kept[name] = Engines(name, wanted, plan)
     return _kept[name]
-
-
-def _alive(mark: str) -> bool:
-    import ray
-
-    try:
-        return bool(ray.get_actor(mark, namespace=MARKS))
-    except ValueError:  # Ray ended it with its kernel
-        return False
 
 
 def free(engines: Engines | str, quiet: bool = False) -> None:

@@ -278,11 +278,13 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
 
     from helpers import engines
 
-    gcs = local_ray.get_runtime_context().gcs_address
-    kernels = [subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "RAY_ADDRESS": ""}) for notebook in ("killed", "alive")]
+    gcs, kernels, names = local_ray.get_runtime_context().gcs_address, [], []
     try:
-        killed, alive = [next(line.split()[1] for line in kernel.stdout if line.startswith("started ")) for kernel in kernels]
+        for notebook in ("killed", "alive"):  # one after the other: Serve's first start on a cluster is not safe to race
+            kernels.append(subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook], stdout=subprocess.PIPE,
+                                            text=True, env={**os.environ, "RAY_ADDRESS": ""}))
+            names.append(next(line.split()[1] for line in kernels[-1].stdout if line.startswith("started ")))
+        killed, alive = names
         assert killed.startswith("killed-engines-") and alive.startswith("alive-engines-")
         kernels[0].kill()  # SIGKILL: no atexit, no last cell
         kernels[0].wait()
@@ -295,7 +297,8 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
     finally:
         for kernel in kernels:
             kernel.kill()
-        serve.delete(alive)
+        for name in names:
+            serve.delete(name)
 
 
 def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_restarted_for_anything_else():
