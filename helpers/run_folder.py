@@ -66,7 +66,8 @@ class _Lock:
 
     def __init__(self, where: Location):
         self.where, self.file = where / LOCK, None
-        self.record = {"run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        self.record = {"run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+                       "pids": os.path.exists(p := "/proc/self/ns/pid") and os.stat(p).st_ino}  # a container's own pids
 
     def holder(self) -> str:
         """Who holds the lock now, in words ("" when no live run does)."""
@@ -84,7 +85,8 @@ class _Lock:
             except OSError:
                 pass
         elif not record or time.time() - float(record.get("heartbeat", 0)) > STALE_S or (
-                record.get("host") == socket.gethostname() and not psutil.pid_exists(int(record.get("pid", 0)))):
+                (record.get("host"), record.get("pids")) == (self.record["host"], self.record["pids"])
+                and not psutil.pid_exists(int(record.get("pid", 0)))):
             return ""  # a run that stopped beating, or whose process on this host is gone (a crash, a killed kernel)
         return f"run {str(record.get('run', '?'))[:8]} on {record.get('host')} (process {record.get('pid')})"
 

@@ -200,9 +200,11 @@ def test_a_buckets_lock_is_kept_fresh_and_a_stale_one_taken_over(s3, monkeypatch
     record = json.loads((run.where / "run.lock").read_text())
     dead = subprocess.Popen([sys.executable, "-c", ""])
     dead.wait()
-    for pid, host in ((dead.pid, record["host"]), (os.getpid(), record["host"]), (dead.pid, "another-machine")):
-        (run.where / "run.lock").write_text(json.dumps({**record, "pid": pid, "host": host}))  # fresh, each time
-        alive = (pid, host) != (dead.pid, record["host"])  # a crashed run here is free at once, not after STALE_S
+    here = (record["host"], record["pids"])  # this machine's name and process namespace (a container has its own)
+    for pid, host in ((dead.pid, here), (os.getpid(), here), (dead.pid, ("another-machine", record["pids"])),
+                      (dead.pid, (record["host"], record["pids"] + 1))):  # a container sharing the host's name
+        (run.where / "run.lock").write_text(json.dumps({**record, "pid": pid, "host": host[0], "pids": host[1]}))  # fresh
+        alive = (pid, host) != (dead.pid, here)  # a crashed run here is free at once, not after STALE_S
         assert bool(run_folder._Lock(run.where).holder()) is alive, (pid, host)
     (run.where / "run.lock").write_text(json.dumps({**record, "heartbeat": time.time() - 600}))  # its run died
     taken = run_folder.open_folder(path).start(PLAN, functions(), id_column=None, settings={})
