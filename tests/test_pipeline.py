@@ -257,11 +257,17 @@ def holding(name: str):
 
 KERNEL = """
 import sys, time, ray
+from ray import serve
 from helpers import engines
-from test_pipeline import PLAN, holding
-engines._deployment = lambda plan, env, name: holding(name)
+from helpers.presets import PRESETS
+
+@serve.deployment(ray_actor_options={"num_cpus": 1})
+class Holding:  # as holding() below
+    pass
+
+engines._deployment = lambda plan, env, name: Holding.options(name=name).bind()
 ray.init(address=sys.argv[1], log_to_driver=False)
-print("started", engines.start(PLAN, {}, sys.argv[2]).name, flush=True)
+print("started", engines.start(PRESETS["text-cpu-offline"], {}, sys.argv[2]).name, flush=True)
 time.sleep(600)
 """
 
