@@ -54,7 +54,7 @@ class Engines:
 
 
 _kept: dict[str, Engines] = {}  # by application name
-_marks: list[Any] = []  # this kernel's mark (an actor no one holds, Ray ends)
+_marks: list[Any] = []  # this kernel's mark, held here: Ray ends an actor no one holds
 STARTING = ("NOT_STARTED", "DEPLOYING")  # Serve's application status while no engine answers yet
 MARKS = "notebook-kernels"  # the Ray namespace of the kernels' marks, each named by its kernel's Ray job id
 
