@@ -307,6 +307,36 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
             serve.delete(name)
 
 
+def test_engines_whose_start_failed_are_restarted_by_the_next_start_and_the_cell_says_so(local_ray, monkeypatch, capsys):
+    """A start that failed (Serve gave up on the replica's constructor) is not kept as this kernel's engines:
+    the engines' cell run again starts new ones with the same settings, and says why."""
+    from ray import serve
+
+    from helpers import engines
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class Failing:
+        def __init__(self):
+            raise RuntimeError("no GPU of type L4")
+
+    monkeypatch.setattr(engines, "_deployment", lambda plan, env, name: Failing.options(name=name).bind())
+    plan = PLAN.override(startup_timeout_s=120)
+    failed = engines.start(plan, {}, "failing")
+    began = time.monotonic()
+    while engines._state(failed.name)[0] != "DEPLOY_FAILED":  # Serve retries the constructor, then gives up
+        assert time.monotonic() - began < 120, engines._state(failed.name)
+        time.sleep(0.5)
+    monkeypatch.setattr(engines, "_deployment", lambda plan, env, name: holding(name))
+    capsys.readouterr()
+    again = engines.start(plan, {}, "failing")  # the engines' cell run again, nothing changed
+    said = capsys.readouterr().out
+    assert "restarting the engines: their state" in said and "DEPLOY_FAILED" in said, said
+    assert again is not failed and again.ready() is again
+    with pytest.raises(engines.EngineStartError, match="were stopped"):
+        failed.ready()
+    engines.free(again, quiet=True)
+
+
 def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_restarted_for_anything_else():
     """A prompt edited in the notebook: ``config.fit_context`` measures the real requests again. Engines
     with a context at least as long are kept; a lengthened prompt that needs a longer one, another engine
