@@ -120,7 +120,7 @@ def _auto(task: str, seen: Mapping[str, Any], given: Mapping[str, Any], context:
         reasons.update(tensor_parallel_size=f"{model}'s weights do not fit one {gpus.gpu_type} with room for a KV cache",
                        replicas_per_gpu="a replica spans several GPUs")
     elif short and task == "text" and cpus >= 12 and (trial(replicas_per_gpu=4).full_sequences or 0) >= seqs // 4:
-        share = 4  # measured on an H200 (8B, 16 cores): 1.17x two engines, CONFIDENCE 1.00x (two: 0.70-0.81x)
+        share = 4  # measured on H200s (8B, 16 cores a GPU): 1.17x two engines, CONFIDENCE 0.97-1.00x (two: 0.70-0.81x)
         reasons["replicas_per_gpu"] = f"{why}; four copies of the weights fit with their sequences, and 12 CPUs a GPU run them"
     elif short and 4 * shape.weight_bytes() <= budget:
         share = 2  # measured on an H100: 2 engines 1.69x one raw engine (8B text), 2.46x (3B captions); 3: 1.34x

@@ -69,8 +69,8 @@ def test_auto_fits_one_h100_with_two_engines_for_short_text():
 
 
 def test_auto_runs_four_engines_on_a_gpu_with_the_memory_and_the_cpus_for_them():
-    """On one H200 (16 cores) four 8B engines ran 1.17x two, and CONFIDENCE at their full speed (two: 0.70-0.81x;
-    benchmarks/RESULTS.md): each engine's CPU side, not the GPU, was the limit."""
+    """On one H200 (16 cores) four 8B engines ran 1.17x two, and CONFIDENCE at 0.97-1.00x of their speed on one and
+    two H200s (two engines: 0.70-0.81x; benchmarks/RESULTS.md): each engine's CPU side, not the GPU, was the limit."""
     h200 = fit(gpus=seen(("H200", 1, 139.8)))
     assert (h200.concurrency, h200.replicas_per_gpu, h200.max_num_seqs, h200.engine_args["gpu_memory_utilization"]) == \
         (4, 4, 256, 0.21)
