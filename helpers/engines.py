@@ -88,7 +88,10 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
 
     job = ray.get_runtime_context().get_job_id()
     name, wanted = f"{notebook}-engines-{job}", _settings(plan, env)
-    serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
+    try:
+        serve.start(proxy_location="Disabled")  # no HTTP proxy: the engines answer the runs' requests only
+    except ray.exceptions.ActorAlreadyExistsError:  # another kernel started Serve as this one did: join it
+        serve.start(proxy_location="Disabled")
     marks = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == MARKS}
     if job not in marks:  # this kernel's mark: an actor of no resources, held; Ray ends it with the kernel
         _marks.append(ray.remote(num_cpus=0)(Mark).options(name=job, namespace=MARKS).remote())

@@ -267,6 +267,14 @@ class Holding:  # as holding() below
 
 engines._deployment = lambda plan, env, name: Holding.options(name=name).bind()
 ray.init(address=sys.argv[1], log_to_driver=False)
+if sys.argv[3:] == ["race"]:  # another kernel makes Serve's controller just after this one looked for it
+    from ray.serve._private import api
+
+    looked = api._get_global_client
+    def too_soon():
+        api._get_global_client = looked
+        raise api.RayServeException("no Serve yet")
+    api._get_global_client = too_soon
 print("started", engines.start(PRESETS["text-cpu-offline"], {}, sys.argv[2]).name, flush=True)
 time.sleep(600)
 """
@@ -286,7 +294,7 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
 
     gcs, kernels, names = local_ray.get_runtime_context().gcs_address, [], []
     try:
-        for notebook in ("killed", "alive"):  # one after the other: Serve's first start on a cluster is not safe to race
+        for notebook in ("killed", "alive"):  # one after the other: their names in this order
             kernels.append(subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook], stdout=subprocess.PIPE,
                                             text=True, env={**os.environ, "RAY_ADDRESS": ""}))
             names.append(next(line.split()[1] for line in kernels[-1].stdout if line.startswith("started ")))
@@ -304,6 +312,34 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
         for kernel in kernels:
             kernel.kill()
         for name in names:
+            serve.delete(name)
+
+
+def test_a_kernel_starting_serve_as_another_kernel_does_joins_the_other_kernels_serve(local_ray):
+    """Two kernels starting their engines at once on a cluster without Serve: Ray's ``serve.start`` looks for
+    Serve's controller, then makes one, and refuses the kernel that looked before the other made it
+    (``ActorAlreadyExistsError``). That kernel's cell now joins the controller the other made. A real kernel
+    (a Ray driver) in a process of its own, its look timed as the race times it."""
+    import subprocess
+    import sys
+
+    from ray import serve
+
+    serve.start(proxy_location="Disabled")  # the other kernel's controller
+    gcs, name = local_ray.get_runtime_context().gcs_address, None
+    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, gcs, "raced", "race"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAY_ADDRESS": ""})
+    said = []
+    try:
+        for line in kernel.stdout:  # until its engines start, or it ends
+            said.append(line)
+            if line.startswith("started "):
+                name = line.split()[1]
+                break
+        assert name and name.startswith("raced-engines-"), "".join(said)[-3000:]
+    finally:
+        kernel.kill()
+        if name:
             serve.delete(name)
 
 
