@@ -280,14 +280,30 @@ time.sleep(600)
 """
 
 
+def start_kernel(gcs: str, notebook: str, *how: str):
+    """KERNEL in a process of its own, on the cluster at ``gcs``, its output (errors too) in ``stdout``."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook, *how], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAY_ADDRESS": ""})
+
+
+def engines_of(process) -> str:
+    """The application name a :func:`start_kernel` printed once its engines started; else a failure with its output."""
+    said = []
+    for line in process.stdout:  # until its engines start, or it ends
+        said.append(line)
+        if line.startswith("started "):
+            return line.split()[1]
+    pytest.fail("the kernel ended before its engines started:\n" + "".join(said)[-3000:])
+
+
 def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_kernels_are_kept(local_ray, monkeypatch):
     """A kernel killed before its last cell (a crashed job, a killed kernel, a job's retry) leaves its engines,
     a Serve application, holding their GPUs: the next start on the cluster, from any notebook, frees them,
     and its engines start on what they held; the engines of a kernel still running are kept. Real kernels
     (Ray drivers) in processes of their own, killed with SIGKILL."""
-    import subprocess
-    import sys
-
     from ray import serve
 
     from helpers import engines
@@ -295,9 +311,8 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
     gcs, kernels, names = local_ray.get_runtime_context().gcs_address, [], []
     try:
         for notebook in ("killed", "alive"):  # one after the other: their names in this order
-            kernels.append(subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook], stdout=subprocess.PIPE,
-                                            text=True, env={**os.environ, "RAY_ADDRESS": ""}))
-            names.append(next(line.split()[1] for line in kernels[-1].stdout if line.startswith("started ")))
+            kernels.append(start_kernel(gcs, notebook))
+            names.append(engines_of(kernels[-1]))
         killed, alive = names
         assert killed.startswith("killed-engines-") and alive.startswith("alive-engines-")
         kernels[0].kill()  # SIGKILL: no atexit, no last cell
@@ -320,25 +335,15 @@ def test_a_kernel_starting_serve_as_another_kernel_does_joins_the_other_kernels_
     Serve's controller, then makes one, and refuses the kernel that looked before the other made it
     (``ActorAlreadyExistsError``). That kernel's cell now joins the controller the other made. A real kernel
     (a Ray driver) in a process of its own, its look timed as the race times it."""
-    import subprocess
-    import sys
-
     from ray import serve
 
     serve.start(proxy_location="Disabled")  # the other kernel's controller
-    gcs, name = local_ray.get_runtime_context().gcs_address, None
-    kernel = subprocess.Popen([sys.executable, "-c", KERNEL, gcs, "raced", "race"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAY_ADDRESS": ""})
-    said = []
+    raced, name = start_kernel(local_ray.get_runtime_context().gcs_address, "raced", "race"), None
     try:
-        for line in kernel.stdout:  # until its engines start, or it ends
-            said.append(line)
-            if line.startswith("started "):
-                name = line.split()[1]
-                break
-        assert name and name.startswith("raced-engines-"), "".join(said)[-3000:]
+        name = engines_of(raced)
+        assert name.startswith("raced-engines-")
     finally:
-        kernel.kill()
+        raced.kill()
         if name:
             serve.delete(name)
 
