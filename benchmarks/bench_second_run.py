@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import sys
 import time
 from pathlib import Path
@@ -63,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input", required=True, help="the CSV of companies both runs read")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("-p", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
+    parser.add_argument("--params", default="", help="more parameters as JSON, e.g. on_gpu.sh's KIT_PARAMS")
+    parser.add_argument("--ray-timeline", type=Path, help="after the runs, Ray's task timeline (ray.timeline) here")
     args = parser.parse_args(argv)
     given = {name: ast.literal_eval(value) for name, value in args.p}  # literals, as the parameters cell takes
+    given |= json.loads(args.params or "{}")
     settings = {name: repr(value) for name, value in b.run_settings("text", given).items()}
     settings["INPUT_PATH"] = repr(str(Path(args.input).resolve()))
     nb = nbformat.read(REPO / "notebooks" / "text_classification.ipynb", as_version=4)
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             folder = args.workdir / name.split()[0]
             marks = run_all(client, nb, {**settings, **changed, "OUTPUT_DIR": repr(str(folder))}, folder)
             print(f"RESULT {name} run in one kernel: {marks}", flush=True)
+        if args.ray_timeline:  # every task's and actor call's span (the stages', Serve's), for chrome://tracing
+            cell = nbformat.v4.new_code_cell(f"ray.timeline(filename={str(args.ray_timeline.resolve())!r})")
+            nb.cells.append(cell)
+            client.execute_cell(cell, len(nb.cells) - 1)
     return 0
 
 

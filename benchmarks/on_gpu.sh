@@ -74,7 +74,8 @@
 #                                           # engine settings (JSON); PROFILE=SIDE,...: py-spy on those sides
 #   bash benchmarks/on_gpu.sh text8b-second # a second run in the same kernel (bench_second_run.py): the text
 #                                           # notebook run twice in one live kernel (engines kept), the prompt changed
-#                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPUS (1) GPUs
+#                                           # between; 20,000 prompts (ROWS) each, 8B shape, GPUS (1) GPUs;
+#                                           # KIT_PARAMS as kit_alone's; Ray's task timeline: $step.ray-timeline.json
 # Each kit step also prints its start marks: its cells before the pipeline, and its first result file,
 # in seconds from the notebook's first cell.
 # Each prints the timings, rows/s in steady state, the row accounting, each GPU's busy share and memory
@@ -504,7 +505,7 @@ print('the driver and torch agree' if same else 'THE DRIVER AND TORCH DIFFER')"
       CUDA_VISIBLE_DEVICES= python3 -c "from helpers import cluster; print('no GPU visible:', cluster.local_gpus())" ;;
     text8b-second) n=${ROWS:-20000}; csv=$(companies $n $work/scale/input-$n)
       CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((${GPUS:-1} - 1))) python3 benchmarks/bench_second_run.py --input "$csv" --workdir $work/second \
-        -p MODEL_SOURCE "'$llama'" ;;
+        -p MODEL_SOURCE "'$llama'" --params "${KIT_PARAMS:-}" --ray-timeline "$out/$step.ray-timeline.json" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 } 2>&1 | tee "$out/$step.log" || status=$?
