@@ -170,6 +170,8 @@ def _cpu_dtype() -> tuple[str, str]:
 #: Runs of at most these rows: on a GPU, eager (CUDA-graph capture took 23 s of a 157 s H100 pipeline for 24
 #: images); on a CPU, the model in vLLM's engine process (~18 s sooner to start on 2 cores, slower to compute).
 SHORT_GPU_ROWS, ONE_PROCESS_ROWS = 1_000, {"text": 100, "vision": 30}
+#: Batches of one block Ray Data sends at once (its default for async stages, such as the engines' stage).
+BLOCK_BATCHES = 4
 
 
 def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
@@ -190,14 +192,16 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
     if rows is not None and not p.accelerator_type and p.world == 1 and rows <= ONE_PROCESS_ROWS[p.task]:
         changes["one_process"] = True
         why["one_process"] = f"{rows:,} rows: the model runs in vLLM's engine process, sooner to start, slower to compute"
-    batches = p.max_concurrent_batches
     if "num_blocks" not in given:
-        # Twice the blocks all replicas hold at once, so the replica ready first cannot take them all;
-        # and blocks of at most a batch where the rows are known (a bigger block is one engine task).
-        wanted = max(p.num_blocks, 4 * p.replicas * batches if p.replicas > 1 else 0, -(-(rows or 0) // p.batch_size))
-        if wanted > p.num_blocks:
+        # A file is read as one task that hands Ray a block at a time (about 11 a second on a GPU host): 20,000
+        # rows in 256 blocks held 16 engines to 800 rows/s. Blocks of what a stage sends at once, one an engine
+        # at least while each holds a batch (Serve gives every engine its share); rows unknown, the preset's.
+        per = p.batch_size * min(p.max_concurrent_batches, BLOCK_BATCHES)
+        wanted = max(-(-rows // per), min(p.replicas, -(-rows // p.batch_size))) if rows else max(p.num_blocks, 2 * p.replicas)
+        if wanted != p.num_blocks:
             changes["num_blocks"] = wanted
-            why["num_blocks"] = "blocks of at most a batch, and enough that every replica gets some"
+            why["num_blocks"] = (f"blocks of up to {per:,} rows, the batches sent at once from one (a file is read a "
+                                 "block at a time)" if rows else "at least 2 blocks per engine")
     return p.override(**changes, reasons=tuple(why.items()))
 
 
@@ -221,8 +225,8 @@ def check(p: Preset, rows: int | None = None) -> list[str]:
             warnings.append(f"weights {weights / GIB:.1f} GiB + KV cache for {p.max_num_seqs} sequences of {p.max_model_len} "
                             f"tokens {kv / GIB:.1f} GiB > {budget / GIB:.1f} GiB per {p.accelerator_type}: only ~{p.full_sequences} "
                             "full-length sequences fit at once; lower max_model_len or max_num_seqs")
-    if p.num_blocks < 2 * p.replicas:
-        warnings.append(f"num_blocks={p.num_blocks} < 2 x {p.replicas} replicas: the first batches come slowly")
+    if p.num_blocks < p.replicas and not (rows and -(-rows // p.batch_size) <= p.num_blocks):  # a block per batch
+        warnings.append(f"num_blocks={p.num_blocks} < {p.replicas} replicas: too few blocks to keep every engine busy")
     if rows and p.batch_size > 1 and -(-rows // p.batch_size) < p.replicas:
         warnings.append(f"{rows:,} rows make {-(-rows // p.batch_size)} batches for {p.replicas} replicas: lower batch_size")
     if errors:

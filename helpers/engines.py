@@ -1,7 +1,8 @@
 """vLLM's engines, kept up between runs in this kernel: ``AsyncLLM`` in a Ray Serve deployment, a replica
 per engine, placed as the plan says, with no HTTP route. A new model or engine setting restarts them and
 says so; a new prompt never does. A run begins once one engine answers (the rest join as they start) and
-sends each batch of requests in one call (Serve's cost is paid per batch, not per row); it gets back Ray
+sends each batch of requests in one call (Serve's cost is paid per batch, not per row), at most
+``max_concurrent_batches`` to an engine at once (Serve holds the rest for the next free one); it gets back Ray
 Data LLM's vLLM stage's fields: ``generated_text``, the token counts, ``generated_tokens``, ``logprobs``.
 They end with :func:`free`, or with the kernel."""
 
@@ -75,7 +76,7 @@ class Mark:
 
 def _settings(plan: Any, env: dict[str, str]) -> dict[str, Any]:
     return {"model": plan.model_path, **plan.engine_args, "concurrency": plan.actor_pool, "gpus": plan.gpus_per_replica,
-            "accelerator_type": plan.ray_type, "env": env}
+            "accelerator_type": plan.ray_type, "env": env, "max_concurrent_batches": plan.max_concurrent_batches}
 
 
 def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
@@ -103,8 +104,7 @@ def start(plan: Any, env: dict[str, str], notebook: str) -> Engines:
     if kept is not None:  # Serve must have kept them too, starting or running
         if not (changed := kept.changes(wanted, plan) if app in (*STARTING, "RUNNING") else [f"their state ({app})"]):
             print(f"the {plan.replicas} engine(s) started earlier are kept: a changed prompt needs no new ones")
-            kept.plan = kept.plan.override(batch_size=plan.batch_size, max_concurrent_batches=plan.max_concurrent_batches,
-                                           stage_cpus=plan.stage_cpus)
+            kept.plan = kept.plan.override(batch_size=plan.batch_size, stage_cpus=plan.stage_cpus)
             return kept
         print(f"restarting the engines: {', '.join(changed)} changed")
     free(name, quiet=True)
@@ -148,7 +148,9 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
         if plan.gpus_per_replica < 1:  # vLLM asks a whole GPU unless told its share
             actor["runtime_env"] = {"env_vars": {**env, "VLLM_RAY_PER_WORKER_GPUS": str(plan.gpus_per_replica)}}
 
-    @serve.deployment(name=name, max_ongoing_requests=1_000, ray_actor_options=actor, **options)
+    # An engine takes max_concurrent_batches calls at once, the rest wait for the next free one: engines that
+    # start later get their share (uncapped, Serve sends every batch in flight to the one engine running).
+    @serve.deployment(name=name, max_ongoing_requests=plan.max_concurrent_batches, ray_actor_options=actor, **options)
     class Engine:
         def __init__(self, model: str, args: dict[str, Any]):
             from transformers import AutoProcessor
@@ -236,7 +238,7 @@ class _Send:
 
 def answer(ds: Any, engines: Engines) -> Any:
     """``ds``'s requests (your ``preprocess``'s rows) answered by ``engines`` once one is ready: a stage
-    actor per engine, each with ``max_concurrent_batches`` batches at once."""
+    actor per engine, each with up to ``max_concurrent_batches`` blocks at once."""
     import ray
 
     plan = engines.ready().plan

@@ -244,6 +244,61 @@ def test_the_run_begins_once_one_engine_answers_as_serve_itself_reports_it(local
     assert name not in serve.status().applications and name not in engines._kept
 
 
+def test_each_engine_takes_max_concurrent_batches_at_once_so_one_that_starts_later_gets_its_share(local_ray, tmp_path,
+                                                                                                   monkeypatch):
+    """The kit's own deployment (its options, a stand-in's body: a batch at a time, 0.3 s each) and run stage.
+    A first run begins with one engine up and every batch in flight at once: uncapped, Serve sent them all to
+    that engine and the second, up a second later, got none; capped, Serve holds them for the next free one."""
+    import asyncio
+    import json
+
+    import ray
+    from ray import serve
+
+    from helpers import engines
+
+    class Engine:
+        def __init__(self, *_):
+            calls = tmp_path / "calls"
+            try:
+                os.close(os.open(tmp_path / "first", os.O_CREAT | os.O_EXCL))
+                self.late = False
+            except FileExistsError:  # the second engine: up a second after the first one's first batch
+                while not calls.exists():
+                    time.sleep(0.05)
+                time.sleep(1)
+                self.late = True
+            self.now, self.engine = 0, asyncio.Lock()
+
+        async def generate(self, requests: list) -> list:
+            self.now += 1
+            with open(tmp_path / "calls", "a") as log:
+                log.write(json.dumps([self.late, self.now]) + "\n")
+            async with self.engine:
+                await asyncio.sleep(0.3)
+            self.now -= 1
+            return [{"generated_text": "Retail", pipeline.INFERENCE_ERROR: ""} for _ in requests]
+
+    plan = PLAN.override(concurrency=2, max_concurrent_batches=2)
+    name = "capped-engines"
+    kits = engines._deployment(plan, {}, name)._bound_deployment  # the kit's deployment, options and all
+    serve.start(proxy_location="Disabled")
+    serve.run_many([serve.RunTarget(kits.options(func_or_class=Engine, ray_actor_options={"num_cpus": 0}).bind(),
+                                    name=name, route_prefix=None)], wait_for_applications_running=False)
+    kept = engines.Engines(name, {}, plan)
+    monkeypatch.setitem(engines._kept, name, kept)
+    request = {"messages": [{"role": "user", "content": "Walmart"}], "sampling_params": {"max_tokens": 4}}
+    ds = ray.data.from_items([request] * 64, override_num_blocks=4)  # 16 batches of 4, all in flight at once
+    try:
+        answered = engines.answer(ds, kept).take_all()
+    finally:
+        engines.free(kept, quiet=True)
+    calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
+    assert len(answered) == 64 and len(calls) == 16
+    assert max(now for _, now in calls) <= plan.max_concurrent_batches  # never more at once than it works on
+    assert sum(late for late, _ in calls) >= 4, calls  # the engine that started later got its share
+
+
 def holding(name: str):
     """A stand-in for the engines: a replica that holds a CPU (an engine's GPU on a cluster) and does nothing."""
     from ray import serve
