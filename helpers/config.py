@@ -170,8 +170,6 @@ def _cpu_dtype() -> tuple[str, str]:
 #: Runs of at most these rows: on a GPU, eager (CUDA-graph capture took 23 s of a 157 s H100 pipeline for 24
 #: images); on a CPU, the model in vLLM's engine process (~18 s sooner to start on 2 cores, slower to compute).
 SHORT_GPU_ROWS, ONE_PROCESS_ROWS = 1_000, {"text": 100, "vision": 30}
-#: Batches of one block Ray Data sends at once (its default for async stages, such as the engines' stage).
-BLOCK_BATCHES = 4
 
 
 def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
@@ -193,15 +191,14 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
         changes["one_process"] = True
         why["one_process"] = f"{rows:,} rows: the model runs in vLLM's engine process, sooner to start, slower to compute"
     if "num_blocks" not in given:
-        # A file is read as one task that hands Ray a block at a time (about 11 a second on a GPU host): 20,000
-        # rows in 256 blocks held 16 engines to 800 rows/s. Blocks of what a stage sends at once, one an engine
-        # at least while each holds a batch (Serve gives every engine its share); rows unknown, the preset's.
-        per = p.batch_size * min(p.max_concurrent_batches, BLOCK_BATCHES)
-        wanted = max(-(-rows // per), min(p.replicas, -(-rows // p.batch_size))) if rows else max(p.num_blocks, 2 * p.replicas)
+        # A file is read as one task handing Ray ~10 blocks a second (256 held 16 H200 engines to 800 rows/s). A GPU's block
+        # holds 2 batches, one more per 4 engines beyond 8 (its results wait for all its batches); a CPU's a batch.
+        per = p.batch_size * (max(2, -(-p.replicas // 4)) if p.accelerator_type else 1)
+        wanted = (max(-(-rows // per), min(p.replicas, -(-rows // p.batch_size)), 0 if p.accelerator_type else p.num_blocks)
+                  if rows else max(p.num_blocks, 2 * p.replicas))
         if wanted != p.num_blocks:
             changes["num_blocks"] = wanted
-            why["num_blocks"] = (f"blocks of up to {per:,} rows, the batches sent at once from one (a file is read a "
-                                 "block at a time)" if rows else "at least 2 blocks per engine")
+            why["num_blocks"] = f"blocks of up to {per:,} rows: a file is read a block at a time" if rows else "2 per engine"
     return p.override(**changes, reasons=tuple(why.items()))
 
 

@@ -1,9 +1,8 @@
 """vLLM's engines, kept up between runs in this kernel: ``AsyncLLM`` in a Ray Serve deployment, a replica
 per engine, placed as the plan says, with no HTTP route. A new model or engine setting restarts them and
 says so; a new prompt never does. A run begins once one engine answers (the rest join as they start) and
-sends each batch of requests in one call (Serve's cost is paid per batch, not per row), at most
-``max_concurrent_batches`` to an engine at once (Serve holds the rest for the next free one); it gets back Ray
-Data LLM's vLLM stage's fields: ``generated_text``, the token counts, ``generated_tokens``, ``logprobs``.
+sends each batch of requests in one call (Serve's cost is paid per batch, not per row), ``max_concurrent_batches``
+an engine at once; back come Ray Data LLM's vLLM stage's fields: ``generated_text``, token counts, ``generated_tokens``, ``logprobs``.
 They end with :func:`free`, or with the kernel."""
 
 from __future__ import annotations
@@ -148,8 +147,7 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
         if plan.gpus_per_replica < 1:  # vLLM asks a whole GPU unless told its share
             actor["runtime_env"] = {"env_vars": {**env, "VLLM_RAY_PER_WORKER_GPUS": str(plan.gpus_per_replica)}}
 
-    # An engine takes max_concurrent_batches calls at once, the rest wait for the next free one: engines that
-    # start later get their share (uncapped, Serve sends every batch in flight to the one engine running).
+    # At most max_concurrent_batches at once: uncapped, Serve sent every batch to the first engine up, none to later ones.
     @serve.deployment(name=name, max_ongoing_requests=plan.max_concurrent_batches, ray_actor_options=actor, **options)
     class Engine:
         def __init__(self, model: str, args: dict[str, Any]):
@@ -237,8 +235,7 @@ class _Send:
 
 
 def answer(ds: Any, engines: Engines) -> Any:
-    """``ds``'s requests (your ``preprocess``'s rows) answered by ``engines`` once one is ready: a stage
-    actor per engine, each with up to ``max_concurrent_batches`` blocks at once."""
+    """``ds``'s requests (your ``preprocess``'s rows) answered by ``engines`` once one is ready: an actor per engine sends them."""
     import ray
 
     plan = engines.ready().plan

@@ -102,6 +102,33 @@ def test_a_py_spy_recording_is_summed_up_per_process(tmp_path, capsys, monkeypat
     assert capsys.readouterr().out.splitlines()[0] == " 1.50 cores  1 python bench.py"  # 75 samples / (10 a s x 5 s)
 
 
+def test_a_ray_timeline_is_told_apart_by_run_with_its_read_and_each_stage_actors_calls(tmp_path, capsys):
+    """Ray's chrome-trace events (microseconds): two runs a pause apart, the read still running at each
+    run's first call (the id check's read before it left out), each actor's calls from the run's start."""
+    timeline = load_script("ray_timeline", folder="benchmarks")
+    stage = "task::MapWorker(MapBatches(add_row_ids)->Map(_preprocess)->MapBatches(_Send)).submit"
+
+    def span(cat, tid, start_s, length_s):
+        return {"cat": cat, "ph": "X", "tid": tid, "ts": start_s * 1e6, "dur": length_s * 1e6}
+
+    events = [span("task::ReadCSV->SplitBlocks(4)", "w1", 0.0, 0.3),  # the id check's read
+              span("task::ReadCSV->SplitBlocks(4)", "w1", 1.0, 3.0), span(stage, "actorA", 2.0, 1.5),
+              span(stage, "actorB", 2.5, 1.0), span(stage, "actorA", 3.5, 1.0),
+              span("task::ReadCSV->SplitBlocks(4)", "w2", 29.0, 2.0), span(stage, "actorC", 30.0, 2.0),
+              {"cat": "submit_task", "ph": "i", "ts": 1.0}]
+    lines = timeline.runs(events)
+    assert lines == ["run 1: 3 calls of the engines' stage over 2.5 s",
+                     "  ReadCSV->SplitBlocks(4): from -1.0 s for 3.0 s",
+                     "  actor actorA: 2 calls (start+length, s): 0.0+1.5 1.5+1.0",
+                     "  actor actorB: 1 calls (start+length, s): 0.5+1.0",
+                     "run 2: 1 calls of the engines' stage over 2.0 s",
+                     "  ReadCSV->SplitBlocks(4): from -1.0 s for 2.0 s",
+                     "  actor actorC: 1 calls (start+length, s): 0.0+2.0"]
+    (tmp_path / "t.json").write_text(json.dumps(events))
+    assert timeline.main([str(tmp_path / "t.json"), "--runs", "1"]) == 0
+    assert capsys.readouterr().out.startswith("run 1: 4 calls of the engines' stage over 30.0 s")
+
+
 def test_pipeline_benchmark_pieces():
     bench = load_script("bench_pipeline", folder="benchmarks")
     table = bench.ratio_table(bench.Timing(100, 80, 60), bench.Timing(90, 70, 40), bench.Timing(50, 40, 30))
