@@ -185,14 +185,14 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         (earlier,) = (out / "earlier").iterdir()
         assert _files(earlier)["predictions.parquet"] == finished["predictions.parquet"]
 
-        # 3. Edit the parameters: an engine setting changed needs new engines, and the cell says why; batches
-        # of 8, one at a time, do not (results come in many small files, so the interrupt below finds the
-        # run part-way). Then edit the postprocess to return one more column (it was dropped
+        # 3. Edit the parameters: engine settings changed (the sequences an engine holds, the batches it takes
+        # at once) need new engines, and the cell says why; batches of 8 do not (results come in many small
+        # files, so the interrupt below finds the run part-way). Then edit the postprocess to return one more column (it was dropped
         # once), run from there, and interrupt the run cell after its first results: the same engines answer.
         before = engines()
         kernel.parameters.update(LIMIT=59, ENGINE={"max_num_seqs": 16, "batch_size": 8, "max_concurrent_batches": 1, "num_blocks": 16})
         restarted = kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)[start_cell]["stdout"]
-        assert "restarting the engines: max_num_seqs changed" in restarted, restarted
+        assert "restarting the engines: max_concurrent_batches, max_num_seqs changed" in restarted, restarted
         assert kernel.run(0, source="kept.ready()")["error"] is None
         running = engines()
         assert len(before) == len(running) == 1 and running != before
