@@ -213,6 +213,15 @@ def test_engines_that_do_not_start_in_time_fail_or_were_freed_stop_the_run_with_
     assert half.ready() is half and time.monotonic() - began < 1 and "half" in engines._kept
 
 
+def first_to_start(marker) -> bool:
+    """True in the one replica of a stand-in deployment that starts first: it makes ``marker``, the others find it."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+
+
 def test_the_run_begins_once_one_engine_answers_as_serve_itself_reports_it(local_ray, tmp_path, monkeypatch):
     """Serve's own status, not a stand-in: an application of two replicas, the second slow to start (a
     node the autoscaler adds later); ``ready()`` returns with one running while Serve still deploys the
@@ -224,12 +233,9 @@ def test_the_run_begins_once_one_engine_answers_as_serve_itself_reports_it(local
     @serve.deployment(num_replicas=2, ray_actor_options={"num_cpus": 0})
     class Engine:
         def __init__(self, first: str):
-            import os
             import time
 
-            try:
-                os.close(os.open(first, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
+            if not first_to_start(first):
                 time.sleep(120)  # the second engine
 
     serve.start(proxy_location="Disabled")
@@ -259,15 +265,11 @@ def test_each_engine_takes_max_concurrent_batches_at_once_so_one_that_starts_lat
 
     class Engine:
         def __init__(self, *_):
-            calls = tmp_path / "calls"
-            try:
-                os.close(os.open(tmp_path / "first", os.O_CREAT | os.O_EXCL))
-                self.late = False
-            except FileExistsError:  # the second engine: up a second after the first one's first batch
-                while not calls.exists():
+            self.late = not first_to_start(tmp_path / "first")
+            if self.late:  # the second engine: up a second after the first one's first batch
+                while not (tmp_path / "calls").exists():
                     time.sleep(0.05)
                 time.sleep(1)
-                self.late = True
             self.now, self.engine = 0, asyncio.Lock()
 
         async def generate(self, requests: list) -> list:
