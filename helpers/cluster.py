@@ -200,6 +200,27 @@ def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
     return found
 
 
+def engines_per_node(replicas: int, cluster: Mapping[str, Any] | None = None) -> int:
+    """The fewest CPU engines (a CPU each) a node must hold for ``replicas`` to fit the cluster's nodes. Serve
+    places no more on one: an engine replacing one of a lost node then never takes the CPUs that the run's
+    stages need on the nodes left (it waits for a node, which an autoscaler adds)."""
+    fits = [int(n["cpus"]) for n in (cluster or read_cluster())["nodes"]]
+    return next((k for k in range(1, replicas) if sum(min(k, f) for f in fits) >= replicas), replicas)
+
+
+def shortfall(stage_cpus: float) -> str:
+    """What Ray and Serve say of the room a run needs now: CPUs and GPUs free, nodes lost, engines waiting."""
+    import ray
+    from ray import serve
+
+    total, free, lost = ray.cluster_resources(), ray.available_resources(), sum(not n["Alive"] for n in ray.nodes())
+    said = [f"the cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs and {free.get('GPU', 0):g} of "
+            f"{total.get('GPU', 0):g} GPUs free; {lost} node(s) lost"]
+    said += [f"the run's stages need {stage_cpus:g} CPU each, and no node has it free"] if free.get("CPU", 0) < stage_cpus else []
+    return "; ".join(said + [f"Serve: {d.message}" for a in serve.status().applications.values() for d in a.deployments.values()
+                             if d.message])
+
+
 class UnschedulableError(Explained, RuntimeError):
     """The run asks for what the cluster does not have: Ray would wait forever."""
 

@@ -25,7 +25,7 @@ ENGINE_KEYS = {
     "replicas_per_gpu": lambda v: is_int(v) and 1 <= v <= 8,
     **dict.fromkeys(("batch_size", "max_model_len", "num_blocks", "max_concurrent_batches", "max_num_seqs",
                      "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size"), lambda v: is_int(v) and v >= 1),
-    "startup_timeout_s": lambda v: is_int(v) and v >= 10,
+    **dict.fromkeys(("startup_timeout_s", "stall_timeout_s"), lambda v: is_int(v) and v >= 10),
     "gpu_memory_utilization": lambda v: is_number(v) and 0 < v <= 1,
     **dict.fromkeys(("quantization", "dtype"), lambda v: v is None or isinstance(v, str)),
     **dict.fromkeys(("enforce_eager", "torch_compile", "trust_remote_code"), lambda v: isinstance(v, bool)),

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from helpers import cluster
 from helpers.parameters import Explained
 from helpers.pipeline import INFERENCE_ERROR  # set on a row: it skips the engines
 
@@ -141,6 +142,8 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
         gpu = {"GPU": 1} | ({f"accelerator_type:{kind}": 0.001} if kind else {})  # Ray's label resource
         options |= {"placement_group_bundles": [gpu | {"CPU": 1}] + [gpu] * (plan.world - 1),
                     "placement_group_strategy": "PACK" if plan.pipeline_parallel_size > 1 else "STRICT_PACK"}
+    elif not plan.accelerator_type and (most := cluster.engines_per_node(plan.replicas)) < plan.replicas:
+        options["max_replicas_per_node"] = most  # an engine replacing one on a lost node: never in the stages' room
     elif plan.accelerator_type:
         args.setdefault("distributed_executor_backend", "uni")
         actor["num_gpus"] = plan.gpus_per_replica
@@ -148,21 +151,25 @@ def _deployment(plan: Any, env: dict[str, str], name: str) -> Any:
             actor["runtime_env"] = {"env_vars": {**env, "VLLM_RAY_PER_WORKER_GPUS": str(plan.gpus_per_replica)}}
 
     # At most max_concurrent_batches at once: uncapped, Serve sent every batch to the first engine up, none to later ones.
-    @serve.deployment(name=name, max_ongoing_requests=plan.max_concurrent_batches, ray_actor_options=actor, **options)
+    @serve.deployment(name=name, max_ongoing_requests=plan.max_concurrent_batches, ray_actor_options=actor,
+                      health_check_period_s=2, **options)  # an engine whose vLLM core died: replaced in seconds
     class Engine:
         def __init__(self, model: str, args: dict[str, Any]):
             from transformers import AutoProcessor
-            from vllm import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, **args))
+            self.llm = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(model=model, **args))
             self.processor = AutoProcessor.from_pretrained(model, trust_remote_code=args.get("trust_remote_code", False))
 
         async def generate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
             import asyncio
 
             done = await asyncio.gather(*map(self.one, requests), return_exceptions=True)
+            await self.check_health()  # vLLM's core died: the batch is sent again, to another engine
             return [d if isinstance(d, dict) else {INFERENCE_ERROR: f"{type(d).__name__}: {d}"[:2000]} for d in done]
+
+        async def check_health(self) -> None:  # Serve's: an engine whose vLLM core died is replaced
+            await self.llm.check_health()
 
         async def one(self, request: dict[str, Any]) -> dict[str, Any]:
             """The chat template applied as Ray Data LLM's stages apply it (images parsed by vLLM), then the answer."""
@@ -212,23 +219,33 @@ def _plain(value: Any) -> Any:
 
 
 class _Send:
-    """A Ray Data stage: each batch's requests to the engines in one call; a row failed before passes by."""
+    """A Ray Data stage: each batch's requests to the engines in one call; a row failed before passes by. A
+    batch whose engine died (its node lost, its process killed) or hangs is sent again every few seconds, to
+    the engines Serve has (it replaces a dead one), for ``timeout_s`` in all; its rows are failed rows after."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, timeout_s: float):
         from ray import serve
 
-        self.engines = serve.get_deployment_handle(name, name)
+        self.engines, self.timeout_s = serve.get_deployment_handle(name, name), timeout_s
 
     async def __call__(self, batch):  # an async generator: Ray Data runs several batches at once in one actor
+        import asyncio
+
         import pandas as pd
 
         rows = [dict(zip(batch, values)) for values in zip(*batch.values())]  # NumPy batches, as Ray Data LLM's stages
         asked = [row for row in rows if not row.get(INFERENCE_ERROR)]
-        try:
-            answers = await self.engines.generate.remote([_plain({k: row[k] for k in ("messages", "sampling_params")})
-                                                          for row in asked]) if asked else []
-        except Exception as exc:  # the engines' failure is these rows' reason, never the run's
-            answers = [{INFERENCE_ERROR: f"{type(exc).__name__}: {exc}"[:2000]}] * len(asked)
+        requests, answers = [_plain({k: row[k] for k in ("messages", "sampling_params")}) for row in asked], []
+        late = time.monotonic() + self.timeout_s
+        while asked and not answers:
+            try:
+                answers = await asyncio.wait_for(self.engines.generate.remote(requests), late - time.monotonic())
+            except Exception as exc:  # the engines' failure is these rows' reason, never the run's
+                if time.monotonic() + 5 < late:
+                    await asyncio.sleep(5)
+                    continue
+                why = f"no engine answered in {self.timeout_s:g} s (ENGINE['stall_timeout_s']): {type(exc).__name__} {exc}"
+                answers = [{INFERENCE_ERROR: why[:2000]}] * len(asked)
         for row, answer in zip(asked, answers):
             row.update(answer)
         yield pd.DataFrame(rows)
@@ -240,6 +257,6 @@ def answer(ds: Any, engines: Engines) -> Any:
 
     plan = engines.ready().plan
     # NumPy batches, as Ray Data LLM's stages: with pandas', Arrow aborted the process on a GPU ("Slice offset ...").
-    return ds.map_batches(_Send, fn_constructor_args=(engines.name,), batch_size=plan.batch_size, batch_format="numpy",
+    return ds.map_batches(_Send, fn_constructor_args=(engines.name, plan.stall_timeout_s), batch_size=plan.batch_size, batch_format="numpy",
                           num_cpus=plan.stage_cpus, compute=ray.data.ActorPoolStrategy(
                               size=plan.actor_pool[1], max_concurrent_calls_per_actor=plan.max_concurrent_batches))

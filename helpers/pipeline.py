@@ -153,6 +153,10 @@ class RunInterrupted(Explained, KeyboardInterrupt):
     """The run was interrupted (Jupyter's stop button, Ctrl-C): one line says what is safe."""
 
 
+class RunStalledError(Explained, RuntimeError):
+    """No row was written for ``stall_timeout_s``: the run stopped, saying what the cluster lacks."""
+
+
 class NotReadyError(Explained, RuntimeError):
     """Ray is not running: the cells from 'Start Ray and the engines' down must run again."""
 
@@ -262,7 +266,7 @@ def write(run: Any, results, answered_name: str) -> Written:
     import ray
     from ray.data.checkpoint import CheckpointConfig
 
-    from helpers.cluster import checkpoint_filter
+    from helpers import cluster
 
     if not ray.is_initialized():
         raise NotReadyError("Ray is not running. Run the notebook again from the 'Start Ray and the engines' cell down.")
@@ -274,16 +278,22 @@ def write(run: Any, results, answered_name: str) -> Written:
     if run.id_column:  # on the dataset's own context, for this write only
         context.checkpoint_config = CheckpointConfig(id_column=run.id_column, checkpoint_path=checkpoint.uri,
                                                      override_filesystem=fs, delete_checkpoint_on_success=True,
-                                                     checkpoint_filter_cls=checkpoint_filter())
-    started = time.perf_counter()
+                                                     checkpoint_filter_cls=cluster.checkpoint_filter())
+    started, watched = time.perf_counter(), {}
     try:
         with warnings.catch_warnings(), run.lock.fresh(), progress.shown(
-                parts, total=max(rows - run.rows_done, 0) if rows else None, about=plan.rows_estimated):
+                parts, total=max(rows - run.rows_done, 0) if rows else None, about=plan.rows_estimated,
+                stall_s=plan.stall_timeout_s) as watched:
             warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")  # resumable or nothing
             finished.write_parquet(parts.path if fs else parts.uri, filesystem=fs, mode="append" if run.resuming else "overwrite",
                                    min_rows_per_file=rows_per_file(plan, rows), ray_remote_args={"num_cpus": plan.stage_cpus})
     except KeyboardInterrupt:
         safe = sum(f.parquet_rows() for f, _ in checkpoint.files() if not f.name.endswith(".pending.parquet"))
+        if watched.get("stalled"):
+            raise RunStalledError(f"No row was written for {plan.stall_timeout_s} s (ENGINE['stall_timeout_s']), so the run "
+                                  f"stopped: {safe:,} rows are safe in OUTPUT_DIR. Now {cluster.shortfall(plan.stage_cpus)}. "
+                                  "Run this cell again once the cluster has room (a node back, or fewer engines: "
+                                  "ENGINE['concurrency']); raise ENGINE['stall_timeout_s'] if a batch takes longer.") from None
         raise RunInterrupted(f"interrupted: {safe:,} rows are safe in OUTPUT_DIR; run this cell again with the same "
                              "settings to resume: only the rest is sent to the model." if run.id_column else
                              "interrupted: this run does not resume (RESUME=False or no id column): running the cell "

@@ -157,6 +157,7 @@ class Preset:
     kv_cache_gib: int = 1  # a CPU engine's KV cache in GiB (vLLM would take a large share of RAM)
     trust_remote_code: bool = False
     startup_timeout_s: int = 600  # the GPUs (an autoscaler), then the engines' start
+    stall_timeout_s: int = 300  # a batch unanswered this long is sent again; no row written this long stops the run
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vLLM as they are
     one_process: bool = False
     gpu_memory_gib: float | None = None  # measured; None: the GPU table's

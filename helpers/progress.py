@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import sys
@@ -64,9 +65,11 @@ def line(seconds: float, rows: int, total: int | None, rate: float, about: bool 
 
 
 @contextlib.contextmanager
-def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 2.0, display=None) -> Iterator[None]:
+def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 2.0, display=None,
+          stall_s: float = 0) -> Iterator[dict]:
     """While the code inside writes to ``folder``: the progress line (Jupyter) or a log line every
-    ``LLM_KIT_HEARTBEAT_S`` s (headless)."""
+    ``LLM_KIT_HEARTBEAT_S`` s (headless). With ``stall_s``, no new row for that long interrupts the code
+    inside (as the stop button does) with ``"stalled"`` set in what it yields."""
     counted: dict = {}
     before, started, done = _rows(folder, counted), time.monotonic(), threading.Event()
     person = interactive()
@@ -77,10 +80,12 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
     elif beat_s:
         log(f"pipeline started: a progress line every {beat_s:g} s here")
 
-    state = {"first": None, "shown": started}
+    state = {"first": None, "shown": started, "rows": 0, "moved": started, "stalled": False}
 
     def show(final: bool = False) -> None:
         rows, now = _rows(folder, counted) - before, time.monotonic()
+        if rows != state["rows"]:
+            state["rows"], state["moved"] = rows, now
         if rows and state["first"] is None:
             state["first"] = (now, rows)
         t0, r0 = state["first"] or (now, rows)  # the rate since the first rows came, not the engine's start
@@ -97,13 +102,18 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
 
     def watch() -> None:
         while not done.wait(1.0):
-            if beat_s and time.monotonic() - state["shown"] >= beat_s:
+            stalled = stall_s and time.monotonic() - state["moved"] >= stall_s
+            if stalled or beat_s and time.monotonic() - state["shown"] >= beat_s:
                 show()
+            if stall_s and time.monotonic() - state["moved"] >= stall_s and not done.is_set():
+                state["stalled"] = True
+                _thread.interrupt_main()  # a KeyboardInterrupt where the code inside waits
+                return
 
     threading.Thread(target=watch, daemon=True, name="progress").start()
     ended = False
     try:
-        yield
+        yield state
         ended = True
     finally:
         done.set()

@@ -18,6 +18,7 @@ engine over several GPUs must land on GPUs of the type its plan names, with its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -47,14 +48,15 @@ def _node_ports() -> list[str]:
 
 
 @pytest.fixture
-def two_nodes(tmp_path):
+def two_nodes(tmp_path, request):
     """``(gcs address, env, node_disk)``: a head and a worker node; ``node_disk`` is a folder the
     worker sees as an empty tmpfs of its own, and so is the kit's cache (``models.cache_root()``).
     Each node has 3 logical CPUs: the engine (1), the stages' actors and a 1-CPU task fit on one node
-    alone (``helpers.cluster.Needs``), as a run on either node alone needs. Stopped by PID
-    afterwards (never ``ray stop``)."""
+    alone (``helpers.cluster.Needs``), as a run on either node alone needs (``request.param``: other
+    CPUs a node). Stopped by PID afterwards (never ``ray stop``)."""
     from helpers import models
 
+    cpus = str(getattr(request, "param", 3))
     reason = _unshare_works()
     if reason:  # in CI a failure, not a skip: CI's summary would count the two-node guarantees as checked
         (pytest.fail if os.environ.get("CI") else pytest.skip)(
@@ -70,11 +72,11 @@ def two_nodes(tmp_path):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
     try:
-        ray_start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", "3",
+        ray_start(["--head", "--node-ip-address", "127.0.0.1", "--port", str(free_port()), "--num-cpus", cpus,
                    "--temp-dir", temp_dir, "--disable-usage-stats", "--include-dashboard", "false", *_node_ports()],
                   env, temp_dir)
         gcs = Path(temp_dir, "ray_current_cluster").read_text().strip()
-        ray_start(["--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", "3", "--disable-usage-stats",
+        ray_start(["--address", gcs, "--node-ip-address", "127.0.0.1", "--num-cpus", cpus, "--disable-usage-stats",
                    *_node_ports()], env, temp_dir, wrap=lambda cmd: [
             "unshare", "-m", "--propagation", "private", "sh", "-c",
             f"mount -t tmpfs kit-node-disk {shlex.quote(str(node_disk))} && "
@@ -199,7 +201,7 @@ head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in
 class Hold:
     def ready(self):
         return True
-hold = Hold.options(num_cpus=head["Resources"]["CPU"],
+hold = Hold.options(num_cpus=float(sys.argv[2]) if sys.argv[2:] else head["Resources"]["CPU"],
                     scheduling_strategy=NodeAffinitySchedulingStrategy(head["NodeID"], soft=False)).remote()
 ray.get(hold.ready.remote(), timeout=120)
 print("holding", flush=True)
@@ -207,10 +209,10 @@ time.sleep(3600)
 """
 
 
-def hold_the_heads_cpus(env: dict, gcs: str) -> subprocess.Popen:
-    """A driver whose actor holds every CPU of the head node: the run's engine and tasks then go to
-    the worker. Killing the driver frees them (Ray ends an actor whose owner died)."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, gcs], env=env, stdout=subprocess.PIPE,
+def hold_the_heads_cpus(env: dict, gcs: str, *cpus: str) -> subprocess.Popen:
+    """A driver whose actor holds every CPU of the head node (or ``cpus``): the run's engine and tasks then
+    go to the worker. Killing the driver frees them (Ray ends an actor whose owner died)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, gcs, *cpus], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     if proc.stdout.readline().strip() != "holding":
         proc.kill()
@@ -373,6 +375,48 @@ print("RESULT " + json.dumps({"groups": [list(pg["bundles"].values()) for pg in 
 """
 
 
+LOST = """
+import json, time
+import ray
+from ray import serve
+from ray.cluster_utils import Cluster
+from helpers import engines
+from helpers.presets import PRESETS
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+worker = cluster.add_node(num_cpus=2)
+ray.init(address=cluster.address, log_to_driver=False)
+serve.start(proxy_location="Disabled")
+
+class Engine:  # a stand-in's body in the kit's deployment, its options and all (a CPU an engine)
+    pass
+
+kits = engines._deployment(PRESETS["text-cpu-offline"].override(concurrency=2), {}, "cpu")._bound_deployment
+serve.run(kits.options(func_or_class=Engine).bind(), name="cpu", route_prefix=None)
+before = ray.available_resources().get("CPU", 0)
+cluster.remove_node(worker, allow_graceful=False)  # the node and its engine lost
+began = time.time()
+while time.time() - began < 90 and ray.cluster_resources().get("CPU") != 2:  # Ray's view without the node
+    time.sleep(1)
+time.sleep(15)  # time for the replacement to be placed, were there room for it
+print("RESULT " + json.dumps({"before": before, "after": ray.available_resources().get("CPU", 0),
+                               "replicas": serve.status().applications["cpu"].deployments["cpu"].replica_states}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_an_engine_of_a_lost_node_is_not_replaced_where_it_would_take_the_stages_cpus(tmp_path):
+    """Two nodes of 2 CPUs, the kit's two CPU engines (a stand-in's body): one on each node. The worker node
+    is lost; Serve's replacement for its engine must not go to the head, whose last CPU the run's stages
+    need to go on (there, the run once waited for ever): it waits for a node, and the head keeps its CPU."""
+    run = subprocess.run([sys.executable, "-c", LOST], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, run.stdout[-2000:] + run.stderr[-3000:]
+    seen = json.loads(lines[-1].split(" ", 1)[1])
+    assert seen["before"] == 2 and seen["after"] == 1, seen  # an engine on each node; the head's CPU kept
+    assert seen["replicas"].get("RUNNING") == 1 and sum(seen["replicas"].values()) == 2, seen  # one waits
+
+
 @pytest.mark.slow
 def test_an_engine_over_several_gpus_lands_on_gpus_of_its_type_with_its_replica(tmp_path):
     """A cluster of two GPU nodes of different types (Ray's own ``accelerator_type`` labels), the kit's
@@ -392,3 +436,71 @@ def test_an_engine_over_several_gpus_lands_on_gpus_of_its_type_with_its_replica(
     assert needs.bundles()[:4] == [b for group in seen["groups"] for b in group], needs.bundles()
     assert seen["group_nodes"] == seen["replica_nodes"] == [seen["right"]], seen
     assert seen["engine"]["tensor_parallel_size"] == 2 and seen["engine"]["distributed_executor_backend"] == "ray"
+
+
+def engine_processes(processes: list) -> list:
+    """Among ``processes``, the engines' Serve replicas, each with the command line it shows now (the method it runs)."""
+    import psutil
+
+    found = []
+    for p in processes:
+        with contextlib.suppress(psutil.Error):
+            if "ServeReplica:text_classification-engines" in (line := " ".join(p.cmdline())):
+                found.append((p, line))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("two_nodes", [2], indirect=True)
+def test_an_engine_killed_then_a_node_lost_mid_run_the_run_ends_with_every_row_once(two_nodes, tmp_path):
+    """Two nodes of 2 CPUs, the text notebook on them with two engines, as a cluster job runs it: one engine
+    on each node, the run's stages on the worker (a CPU of the head held while they start). Once both
+    engines work, the head's engine loses its vLLM process (SIGKILL); 15 s later the head's CPU is let go
+    and every process of the worker node is SIGKILLed, its engine and the stages with it. Each lost batch
+    goes to an engine that lives (the head's, replaced by Serve), and the lost node's engine is not
+    replaced on the head: that took the CPUs the stages need to start again there, and the run printed
+    "130 of 240 rows written" for 20 minutes. The run ends with every row answered, each once."""
+    import time
+
+    import pandas as pd
+    import psutil
+
+    from helpers import models
+
+    gcs, env, _ = two_nodes
+    if models.cache_root().is_dir():  # the model converted by earlier runs, in a cache both nodes see
+        shutil.copytree(models.cache_root(), tmp_path / "cache", symlinks=True)
+    env = {**env, "RAY_ADDRESS": gcs, "LLM_KIT_CACHE": str(tmp_path / "cache"), "LLM_KIT_HEARTBEAT_S": "10"}
+    out, limit, log = tmp_path / "out", 240, tmp_path / "run.log"
+    holder = hold_the_heads_cpus(env, gcs, "1")
+    run = run_notebook(env, str(out), {"PRESET": "text-cpu-offline", "LIMIT": limit,
+                                       "ENGINE": {"num_blocks": 24, "concurrency": 2}}, wait=False, log=log)
+    try:
+        deadline = time.monotonic() + 600
+        while not any("handle_request" in line for _, line in engine_processes(worker_node_processes(gcs))):
+            assert run.poll() is None, log.read_text()[-5000:]  # the worker's engine answers a batch
+            assert time.monotonic() < deadline, "the worker's engine got no batch in 10 minutes: " + log.read_text()[-5000:]
+            time.sleep(0.2)
+        node = worker_node_processes(gcs)
+        head = [p for p, _ in engine_processes(psutil.process_iter()) if p not in node]
+        cores = [c for p in head for c in p.children(recursive=True) if "EngineCore" in c.name()]
+        assert len(head) == 1 and cores, (head, cores)
+        for p in cores:  # the head engine's vLLM process: its replica lives on, its batches fail
+            p.kill()
+        time.sleep(15)
+        holder.kill()
+        for p in node:  # the worker node, its engine and the run's stages with it
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        assert run.poll() is None, "the run ended before the node was lost"
+        assert run.wait(timeout=600) == 0, log.read_text()[-5000:]
+    finally:
+        run.kill()
+        holder.kill()
+    folder = out / "text_classification"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["rows read"] == limit and summary["all rows accounted for"], summary
+    predictions, errors = (pd.read_parquet(folder / n) for n in ("predictions.parquet", "errors.parquet"))
+    ids = pd.concat([predictions["Customer Id"], errors["Customer Id"]])
+    assert ids.is_unique and len(ids) == limit
+    assert set(errors["stage"]) <= {"rejected before the model"}, errors[["stage", "reason"]].to_string()  # none lost

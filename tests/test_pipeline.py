@@ -301,6 +301,72 @@ def test_each_engine_takes_max_concurrent_batches_at_once_so_one_that_starts_lat
     assert sum(late for late, _ in calls) >= 4, calls  # the engine that started later got its share
 
 
+def test_a_batch_whose_engine_dies_is_answered_by_another_and_a_run_that_stops_moving_ends_saying_why(local_ray, tmp_path,
+                                                                                                       monkeypatch):
+    """The kit's own deployment and run stage, a stand-in's body: the engine that starts first dies (its process
+    exits, as a lost node's or a killed engine's does) on its first batch. That batch goes to an engine that lives
+    (Serve's, or its replacement) and every row is answered: none failed, none lost, none twice. Then a run whose
+    stages no node can take any more (every CPU held): it stops once no row came for ``stall_timeout_s``, naming
+    what the cluster lacks, instead of waiting for ever."""
+    import json
+
+    import ray
+    from ray import serve
+
+    from helpers import engines
+
+    class Engine:
+        def __init__(self, *_):
+            self.first = first_to_start(tmp_path / "first")
+
+        async def generate(self, requests: list) -> list:
+            with open(tmp_path / "calls", "a") as log:
+                log.write(json.dumps([self.first, len(requests)]) + "\n")
+            if self.first:
+                os._exit(1)  # the engine's process dies with the batch in it
+            return [{"generated_text": r["messages"][0]["content"], pipeline.INFERENCE_ERROR: ""} for r in requests]
+
+    plan = PLAN.override(concurrency=2, max_concurrent_batches=2, stall_timeout_s=60)
+    name = "dying-engines"
+    kits = engines._deployment(plan, {}, name)._bound_deployment  # the kit's deployment, options and all
+    serve.start(proxy_location="Disabled")
+    serve.run_many([serve.RunTarget(kits.options(func_or_class=Engine, ray_actor_options={"num_cpus": 0}).bind(),
+                                    name=name, route_prefix=None)])
+    kept = engines.Engines(name, {}, plan)
+    monkeypatch.setitem(engines._kept, name, kept)
+    asked = [{"messages": [{"role": "user", "content": str(i)}], "sampling_params": {"max_tokens": 4}} for i in range(32)]
+    try:
+        began = time.monotonic()
+        answered = engines.answer(ray.data.from_items(asked, override_num_blocks=4), kept).take_all()
+    finally:
+        engines.free(kept, quiet=True)
+    calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
+    assert [first for first, _ in calls].count(True) == 1 and len(calls) > 8, calls  # died on its first; sent again
+    assert sorted(int(r["generated_text"]) for r in answered) == list(range(32)), answered  # each row once
+    assert not any(r[pipeline.INFERENCE_ERROR] for r in answered) and time.monotonic() - began < 60
+
+    @ray.remote(num_cpus=2)
+    class Hold:
+        def ready(self):
+            return True
+
+    fns = checked()
+    run = run_folder.open_folder(str(tmp_path / "out")).start(PLAN.override(stall_timeout_s=10), fns, id_column="id",
+                                                            settings={})
+    results = stand_in_processor(fns)(read(local_ray, tmp_path, rows()))
+    hold = Hold.remote()  # the cluster's every CPU: the run's stages can be placed nowhere
+    ray.get(hold.ready.remote())
+    began = time.monotonic()
+    try:
+        with pytest.raises(pipeline.RunStalledError) as stopped:
+            pipeline.write(run, results, "predictions.parquet")
+    finally:
+        ray.kill(hold)
+    assert 10 <= time.monotonic() - began < 40
+    said = str(stopped.value)
+    assert "No row was written for 10 s" in said and "0 of 2 CPUs" in said and "no node has it free" in said, said
+
+
 def holding(name: str):
     """A stand-in for the engines: a replica that holds a CPU (an engine's GPU on a cluster) and does nothing."""
     from ray import serve
