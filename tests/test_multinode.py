@@ -252,7 +252,7 @@ def runs_the_engine(processes: list) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.extended  # 6 to 21 min on a 2-core machine, and can fail there (docs/tests.md): `make test-extended`
+@pytest.mark.extended  # 6 to 21 min on a 2-core machine (12 min on 2026-12-07): `make test-extended`
 def test_on_two_nodes_a_bucket_loses_and_duplicates_nothing_across_kills(s3, two_nodes, tmp_path):
     """On a real two-node cluster whose worker has a cache of its own, the text notebook with its
     input (a folder of CSV files) and OUTPUT_DIR in a bucket (moto's S3 server, reached from both
@@ -455,7 +455,7 @@ def engine_processes(processes: list) -> list:
 def test_an_engine_killed_then_a_node_lost_mid_run_the_run_ends_with_every_row_once(two_nodes, tmp_path):
     """Two nodes of 2 CPUs, the text notebook on them with two engines, as a cluster job runs it: one engine
     on each node, the run's stages on the worker (a CPU of the head held while they start). Once both
-    engines work, the head's engine loses its vLLM process (SIGKILL); 15 s later the head's CPU is let go
+    engines work, the head's engine loses its vLLM process (SIGKILL); 8 s later the head's CPU is let go
     and every process of the worker node is SIGKILLed, its engine and the stages with it. Each lost batch
     goes to an engine that lives (the head's, replaced by Serve), and the lost node's engine is not
     replaced on the head: that took the CPUs the stages need to start again there, and the run printed
@@ -487,7 +487,7 @@ def test_an_engine_killed_then_a_node_lost_mid_run_the_run_ends_with_every_row_o
         assert len(head) == 1 and cores, (head, cores)
         for p in cores:  # the head engine's vLLM process: its replica lives on, its batches fail
             p.kill()
-        time.sleep(15)
+        time.sleep(8)
         holder.kill()
         for p in node:  # the worker node, its engine and the run's stages with it
             with contextlib.suppress(psutil.NoSuchProcess):
