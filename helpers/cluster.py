@@ -209,16 +209,17 @@ def engines_per_node(replicas: int, cluster: Mapping[str, Any] | None = None) ->
 
 
 def shortfall(stage_cpus: float) -> str:
-    """What Ray and Serve say of the room a run needs now: CPUs and GPUs free, nodes lost, engines waiting."""
+    """What a run lacks now, in Ray's and Serve's words ("" if nothing): a CPU for its stages, an engine running."""
     import ray
     from ray import serve
 
-    total, free, lost = ray.cluster_resources(), ray.available_resources(), sum(not n["Alive"] for n in ray.nodes())
-    said = [f"the cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs and {free.get('GPU', 0):g} of "
-            f"{total.get('GPU', 0):g} GPUs free; {lost} node(s) lost"]
-    said += [f"the run's stages need {stage_cpus:g} CPU each, and no node has it free"] if free.get("CPU", 0) < stage_cpus else []
-    return "; ".join(said + [f"Serve: {d.message}" for a in serve.status().applications.values() for d in a.deployments.values()
-                             if d.message])
+    total, free, job = ray.cluster_resources(), ray.available_resources(), ray.get_runtime_context().get_job_id()
+    mine = [d for name, app in serve.status().applications.items() if name.endswith(f"-engines-{job}") for d in app.deployments.values()]
+    lacks = [f"the run's stages need {stage_cpus:g} CPU each, and no node has it free"] if free.get("CPU", 0) < stage_cpus else []
+    lacks += [f"no engine runs ({'; '.join(d.message for d in mine) or 'Serve says no more'})"] if mine and not any(
+        d.replica_states.get("RUNNING") for d in mine) else []
+    return "; ".join(lacks + [f"the cluster has {free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs and {free.get('GPU', 0):g} "
+                              f"of {total.get('GPU', 0):g} GPUs free; {sum(not n['Alive'] for n in ray.nodes())} node(s) lost"]) if lacks else ""
 
 
 class UnschedulableError(Explained, RuntimeError):

@@ -1,4 +1,4 @@
-"""vLLM's engines, kept up between runs in this kernel: ``AsyncLLM`` in a Ray Serve deployment, a replica
+"""vLLM's engines, kept up between runs in this kernel: ``AsyncLLMEngine`` in a Ray Serve deployment, a replica
 per engine, placed as the plan says, with no HTTP route. A new model or engine setting restarts them and
 says so; a new prompt never does. A run begins once one engine answers (the rest join as they start) and
 sends each batch of requests in one call (Serve's cost is paid per batch, not per row), ``max_concurrent_batches``

@@ -283,17 +283,17 @@ def write(run: Any, results, answered_name: str) -> Written:
     try:
         with warnings.catch_warnings(), run.lock.fresh(), progress.shown(
                 parts, total=max(rows - run.rows_done, 0) if rows else None, about=plan.rows_estimated,
-                stall_s=plan.stall_timeout_s) as watched:
+                stall_s=plan.stall_timeout_s, stuck=lambda: cluster.shortfall(plan.stage_cpus)) as watched:
             warnings.filterwarnings("error", message=".*doesn't support checkpointing.*")  # resumable or nothing
             finished.write_parquet(parts.path if fs else parts.uri, filesystem=fs, mode="append" if run.resuming else "overwrite",
                                    min_rows_per_file=rows_per_file(plan, rows), ray_remote_args={"num_cpus": plan.stage_cpus})
     except KeyboardInterrupt:
         safe = sum(f.parquet_rows() for f, _ in checkpoint.files() if not f.name.endswith(".pending.parquet"))
         if watched.get("stalled"):
-            raise RunStalledError(f"No row was written for {plan.stall_timeout_s} s (ENGINE['stall_timeout_s']), so the run "
-                                  f"stopped: {safe:,} rows are safe in OUTPUT_DIR. Now {cluster.shortfall(plan.stage_cpus)}. "
-                                  "Run this cell again once the cluster has room (a node back, or fewer engines: "
-                                  "ENGINE['concurrency']); raise ENGINE['stall_timeout_s'] if a batch takes longer.") from None
+            raise RunStalledError(f"No row was written for {plan.stall_timeout_s} s (ENGINE['stall_timeout_s']) and the run "
+                                  f"cannot go on: {watched['stalled']}. It stopped: {safe:,} rows are safe in OUTPUT_DIR. Run "
+                                  "this cell again once the cluster has room (a node back, or fewer engines: "
+                                  "ENGINE['concurrency']).") from None
         raise RunInterrupted(f"interrupted: {safe:,} rows are safe in OUTPUT_DIR; run this cell again with the same "
                              "settings to resume: only the rest is sent to the model." if run.id_column else
                              "interrupted: this run does not resume (RESUME=False or no id column): running the cell "

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from helpers.storage import Location
 
@@ -66,10 +66,10 @@ def line(seconds: float, rows: int, total: int | None, rate: float, about: bool 
 
 @contextlib.contextmanager
 def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 2.0, display=None,
-          stall_s: float = 0) -> Iterator[dict]:
+          stall_s: float = 0, stuck: Callable[[], str] = str) -> Iterator[dict]:
     """While the code inside writes to ``folder``: the progress line (Jupyter) or a log line every
-    ``LLM_KIT_HEARTBEAT_S`` s (headless). With ``stall_s``, no new row for that long interrupts the code
-    inside (as the stop button does) with ``"stalled"`` set in what it yields."""
+    ``LLM_KIT_HEARTBEAT_S`` s (headless). No new row for ``stall_s`` while ``stuck()`` names what the run
+    lacks interrupts the code inside (as the stop button does), with that in what it yields (``"stalled"``)."""
     counted: dict = {}
     before, started, done = _rows(folder, counted), time.monotonic(), threading.Event()
     person = interactive()
@@ -80,7 +80,7 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
     elif beat_s:
         log(f"pipeline started: a progress line every {beat_s:g} s here")
 
-    state = {"first": None, "shown": started, "rows": 0, "moved": started, "stalled": False}
+    state = {"first": None, "shown": started, "rows": 0, "moved": started, "stalled": ""}
 
     def show(final: bool = False) -> None:
         rows, now = _rows(folder, counted) - before, time.monotonic()
@@ -102,13 +102,15 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
 
     def watch() -> None:
         while not done.wait(1.0):
-            stalled = stall_s and time.monotonic() - state["moved"] >= stall_s
-            if stalled or beat_s and time.monotonic() - state["shown"] >= beat_s:
+            late = stall_s and time.monotonic() - state["moved"] >= stall_s
+            if late or beat_s and time.monotonic() - state["shown"] >= beat_s:
                 show()
             if stall_s and time.monotonic() - state["moved"] >= stall_s and not done.is_set():
-                state["stalled"] = True
-                _thread.interrupt_main()  # a KeyboardInterrupt where the code inside waits
-                return
+                state["stalled"] = stuck()
+                if state["stalled"]:
+                    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # as Jupyter's stop button
+                    return
+                state["moved"] = time.monotonic()  # only slow (big files, say): looked at again in stall_s
 
     threading.Thread(target=watch, daemon=True, name="progress").start()
     ended = False

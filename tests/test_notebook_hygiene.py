@@ -139,8 +139,8 @@ def test_helpers_import_graph_has_no_circles():
 #: killed kernel, which held a cluster's GPUs, were freed by the next start: 13 lines; 3,215 until two kernels
 #: starting Serve at once no longer failed one of them: 3 lines; 3,218 until a run survived a lost node or a killed
 #: engine, its batches sent again and a replacement engine kept out of its stages' room, and stopped, saying why,
-#: where it could not go on: 59 lines).
-MAX_LINES, MAX_MODULES, MAX_MODULE_LINES, MAX_PROJECT_LINES = 4_000, 15, 500, 3_277
+#: where it could not go on: 62 lines).
+MAX_LINES, MAX_MODULES, MAX_MODULE_LINES, MAX_PROJECT_LINES = 4_000, 15, 500, 3_280
 #: The most helpers modules a notebook imports: the plumbing sits behind a few well-named calls (``engines``
 #: took the place of Ray Data LLM's processor, imported from ``ray.data.llm`` before).
 MAX_NOTEBOOK_HELPERS = 8

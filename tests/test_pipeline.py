@@ -568,6 +568,21 @@ def test_progress_updates_one_line_in_jupyter_and_logs_a_line_when_headless(tmp_
     assert "[llm-batch-kit] pipeline started" in err and "rows written" in err
 
 
+def test_a_run_with_no_new_row_stops_only_when_it_cannot_go_on(tmp_path, monkeypatch):
+    """No row for ``stall_s`` while nothing is lacking (a slow run writing big files) goes on; once something
+    is (``stuck`` names it), the code inside is interrupted as the stop button does, with the reason."""
+    monkeypatch.setenv(progress.PROGRESS_ENV, "0")
+    monkeypatch.setenv(progress.HEARTBEAT_ENV, "0")
+    folder, lacking = run_folder.Location.of(tmp_path), []
+    with progress.shown(folder, total=None, about=False, stall_s=1, stuck=lambda: "".join(lacking)) as watched:
+        time.sleep(3.5)  # slow, not stuck: never interrupted
+        lacking.append("no CPU for the stages")
+        began = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(10)
+    assert watched["stalled"] == "no CPU for the stages" and time.monotonic() - began < 3
+
+
 def test_steady_state_and_files_per_run():
     files = [(t, 100) for t in (10.0, 11.0, 12.0, 13.0, 14.0)]
     assert pipeline.steady_state(files, 20)[0] == pytest.approx(100.0)
