@@ -101,17 +101,14 @@ def kernel_manager_class():
     """Jupyter's kernel manager with the kernel on local sockets (IPC) instead of TCP ports: nothing
     is reachable from the network, and the kernel does not warn, on every run, that its TCP traffic
     is unencrypted. The sockets live in a private temporary folder: Jupyter's default puts them in the
-    kernel's working directory (your project), where a run that is killed leaves them behind. A kernel
-    has a minute to end once the notebook is done: Ray stops its workers as the kernel exits, which
-    outlasted Jupyter's 2.5 s before SIGTERM (a stack trace in the job's log)."""
+    kernel's working directory (your project), where a run that is killed leaves them behind."""
     import tempfile
 
     from jupyter_client.manager import AsyncKernelManager
-    from traitlets import CaselessStrEnum, Float, default
+    from traitlets import CaselessStrEnum, default
 
     class LocalSocketKernelManager(AsyncKernelManager):
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
-        shutdown_wait_time = Float(60.0, config=True)
 
         @default("ip")
         def _ip_default(self) -> str:
