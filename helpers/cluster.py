@@ -200,11 +200,11 @@ def problems(cluster: Mapping[str, Any], needs: Needs) -> list[str]:
     return found
 
 
-def engines_per_node(replicas: int, cluster: Mapping[str, Any] | None = None) -> int:
+def engines_per_node(replicas: int) -> int:
     """The fewest CPU engines (a CPU each) a node must hold for ``replicas`` to fit the cluster's nodes. Serve
     places no more on one: an engine replacing one of a lost node then never takes the CPUs that the run's
     stages need on the nodes left (it waits for a node, which an autoscaler adds)."""
-    fits = [int(n["cpus"]) for n in (cluster or read_cluster())["nodes"]]
+    fits = [int(n["cpus"]) for n in read_cluster()["nodes"]]
     return next((k for k in range(1, replicas) if sum(min(k, f) for f in fits) >= replicas), replicas)
 
 

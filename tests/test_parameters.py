@@ -102,6 +102,11 @@ def test_engine_from_the_command_line_is_read_as_the_literal_it_spells():
     assert parameters.literal("(2, 2)") == (2, 2) and parameters.literal("plain") == "plain"
 
 
+def test_stall_timeout_is_an_engine_setting_of_ten_seconds_or_more():
+    assert config.check_engine({"stall_timeout_s": 600}) == []
+    assert config.check_engine({"stall_timeout_s": 5}) == ["ENGINE['stall_timeout_s']=5 is not a valid value"]
+
+
 def test_a_name_that_is_not_a_parameter_is_named_with_the_closest_one():
     known = {"LIMIT", "INPUT_PATH", "ENGINE"}
     assert load_script("run_notebooks").unknown_names(["LIMT", "LIMIT"], known, "text_classification") == [
