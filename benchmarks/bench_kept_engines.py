@@ -3,9 +3,9 @@ notebook's plan and requests, in one process and one Ray session:
 
 - ``per-run``: Ray Data LLM's ``vLLMEngineProcessorConfig`` with the plan's settings (the notebook's
   processor cell until the kit kept its engines): each run starts its engines.
-- ``kept-batch``: the notebook's own path: ``engines.start`` (vLLM's ``AsyncLLM`` in a Serve deployment, a
-  replica per engine), your ``preprocess`` mapped, ``engines.answer`` (a batch of requests per call),
-  your ``postprocess`` mapped; then short re-runs with the prompt changed, each timed to its last result.
+- ``kept-batch``: the notebook's own path: the same config through the kit's ``build_processor`` (vLLM's
+  ``AsyncLLMEngine`` in a Serve deployment, a replica per engine, kept; a batch of requests per call); then
+  short re-runs with the prompt changed, each timed to its last result.
 - ``kept``: the same engine arguments in a Ray Serve LLM deployment (``LLMConfig``, no HTTP proxy),
   started once, driven by Ray Data LLM's ``ServeDeploymentProcessorConfig`` (a request per row).
 - ``echo``: the kept side's path to a deployment with no model (empty answers): Serve's cost a row alone.
@@ -88,19 +88,26 @@ def consume(ds) -> dict[str, Any]:
     return {"start": start, "marks": marks, "answers": answers, "errors": errors, "tokens": tokens, "confidences": confidences}
 
 
-def per_run_processor(plan: Any, env: dict[str, str], request_of, confidence=None):
-    """Ray Data LLM's processor on the plan (a tokenize stage of its own on a GPU, as the notebook had it);
-    ``confidence`` (``labels.confidence`` with the labels' texts): each answer's, computed in the postprocess."""
-    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+def processor_config(plan: Any, env: dict[str, str], confidence=None):
+    """Ray Data LLM's config on the plan, as the notebooks' config cell builds it (a tokenize stage of its own on a GPU)."""
+    from ray.data.llm import vLLMEngineProcessorConfig
 
-    config = vLLMEngineProcessorConfig(
+    return vLLMEngineProcessorConfig(
         model_source=plan.model_path, engine_kwargs=plan.engine_args, batch_size=plan.batch_size,
         max_concurrent_batches=plan.max_concurrent_batches, concurrency=plan.actor_pool,
         tokenize_stage={"enabled": bool(plan.accelerator_type), "num_cpus": plan.stage_cpus},
         detokenize_stage={"enabled": confidence is not None, "num_cpus": plan.stage_cpus}, chat_template_stage={"num_cpus": plan.stage_cpus},
         log_engine_metrics=False, should_continue_on_error=True, runtime_env={"env_vars": env}, **placement(plan))
-    return build_processor(config, preprocess=lambda row: {**request_of(row), "key": row["key"]}, postprocess=answered(confidence),
-                           preprocess_map_kwargs={"num_cpus": plan.stage_cpus}, postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
+
+
+def per_run_processor(plan: Any, env: dict[str, str], request_of, confidence=None, build=None):
+    """Ray Data LLM's processor on the plan (``build``: Ray's ``build_processor``, or the kit's on its kept engines);
+    ``confidence`` (``labels.choices(...).confidence``): each answer's, computed in the postprocess."""
+    from ray.data.llm import build_processor
+
+    return (build or build_processor)(processor_config(plan, env, confidence), preprocess=lambda row: {**request_of(row), "key": row["key"]},
+                                      postprocess=answered(confidence), preprocess_map_kwargs={"num_cpus": plan.stage_cpus},
+                                      postprocess_map_kwargs={"num_cpus": plan.stage_cpus})
 
 
 def answered(confidence=None):
@@ -110,21 +117,9 @@ def answered(confidence=None):
                         "confidence": confidence(row)["confidence"] if confidence and not row.get("__inference_error__") else None}
 
 
-def kit_run(plan: Any, kept: Any, request_of, ds, confidence=None):
-    """``ds`` as the notebook's run cell runs it, on the engines ``engines.start`` started (``kept``)."""
-    from helpers import engines
-
-    requests = ds.map(lambda row: {**request_of(row), "key": row["key"]}, num_cpus=plan.stage_cpus)
-    return engines.answer(requests, kept).map(answered(confidence), num_cpus=plan.stage_cpus)
-
-
 def placement(plan: Any) -> dict[str, Any]:
     """Ray Data LLM's and Serve LLM's config fields that place each engine: whole GPUs, a share of one, or one CPU."""
-    if not plan.accelerator_type:
-        return {"accelerator_type": None, "placement_group_config": {"bundles": [{"CPU": 1}]}}
-    shared = plan.replicas_per_gpu > 1
-    return {"accelerator_type": plan.ray_type,
-            **({"placement_group_config": {"bundles": [{"GPU": plan.gpus_per_replica, "CPU": 1}]}} if shared else {})}
+    return {"accelerator_type": plan.ray_type, "placement_group_config": plan.placement_group_config}
 
 
 def engine_env(placement: dict[str, Any], env: dict[str, str]) -> dict[str, str]:
@@ -292,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     setup = b.text_setup(csv, b.run_settings("text", json.loads(args.params)))
     plan, params = setup.plan, setup.params
     max_tokens = labels.max_tokens(plan, params["LABELS"])
-    confident = labels.confidence_columns(plan, params["LABELS"])
+    confident = labels.choices(plan, params["LABELS"], confidence=True).confidence
     print(f"{setup.name}; {args.rows:,} prompts; plan: {plan.replicas} engine(s), {plan.engine_args}", flush=True)
     env = cluster.start(plan, False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -331,16 +326,19 @@ def main(argv: list[str] | None = None) -> int:
                 got[named] = report(named, consume(kept_processor(plan, request_of(task, False), args.requests, batch, actors,
                                                                   ECHO)(dataset(len(rows)))), gpus)
             elif side == "kept-batch":
-                started, kept = time.perf_counter(), engines.start(plan, env, "bench-kept-engines")
+                def kit(task: str):  # the notebook's path: the kit's build_processor on Ray's config, its engines kept
+                    return per_run_processor(plan, env, request_of(task, asks), confidence, build=engines.build_processor)
+
+                started, kept = time.perf_counter(), kit(task).engines
                 kept.ready()  # the first engine; the steady rate is measured with all of them
                 while engines._state(kept.name)[1] < plan.replicas:
                     time.sleep(0.5)
                 print(f"{named}: the engines are ready in {time.perf_counter() - started:.1f} s", flush=True)
                 if named in profiled:
                     profile(args.out / f"pyspy-{named}.txt", args.profile_after)
-                got[named] = report(named, consume(kit_run(plan, kept, request_of(task, asks), dataset(len(rows)), confidence)), gpus)
-                reruns(named, lambda task: kit_run(plan, kept, request_of(task, asks), dataset(args.rerun_rows), confidence))
-                engines.free(kept, quiet=True)  # the GPU to the next side
+                got[named] = report(named, consume(kit(task)(dataset(len(rows)))), gpus)
+                reruns(named, lambda task: kit(task)(dataset(args.rerun_rows)))
+                engines.free(quiet=True)  # the GPU to the next side
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
                 got[named] = report(named, consume(kept_processor(plan, request_of(task, False), args.requests, batch, actors)(

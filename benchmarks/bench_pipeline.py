@@ -12,8 +12,8 @@ For each task it runs, on the same inputs, model, engine arguments and sampling 
 - **kit**: the kit's own notebook, executed with papermill (the code users run, not a copy), on the
   same rows written as an input file.
 
-Both sides get the engine arguments the notebook's configuration gives (``config.fit``, then
-``config.fit_context`` on its requests, as the notebook does); on a GPU raw vLLM gets one engine with
+Both sides get the engine arguments the notebook's configuration gives (``plans.fit``, then
+``plans.fit_context`` on its requests, as the notebook does); on a GPU raw vLLM gets one engine with
 the whole GPU (``replicas_per_gpu`` 1), what a plain script has.
 
 Three times per side, each a ratio raw / kit (above 1: the kit is faster):
@@ -587,12 +587,12 @@ class Setup:
 
 
 def fitted(task: str, params: dict[str, Any], source: Any, requests: Any, engine: dict[str, Any]):
-    """The configuration the notebook makes: ``config.fit``, then ``config.fit_context`` on the requests
+    """The configuration the notebook makes: ``plans.fit``, then ``plans.fit_context`` on the requests
     ``requests(plan)`` gives (the notebook's ``preprocess`` on its first rows)."""
-    from helpers import config
+    from helpers import plans
 
-    plan = config.fit(task, params["PRESET"], params["MODEL_SOURCE"], engine, source=source, limit=params["LIMIT"])
-    return config.fit_context(plan, requests(plan))
+    plan = plans.fit(task, params["PRESET"], params["MODEL_SOURCE"], engine, source=source, limit=params["LIMIT"])
+    return plans.fit_context(plan, requests(plan))
 
 
 def engine_envs(plan: Any) -> dict[str, dict[str, str]]:
@@ -689,9 +689,9 @@ def report(title: str, run: Measured, kit: dict[str, Any], ids: list[str], setup
     print(ratio_table(run.raw, run.tuned, run.kit))
     raw = run.raw_results["default"]
     if setup is not None:
-        from helpers import config
+        from helpers import plans
 
-        print("kit settings (the notebook's table):\n" + config.table(setup.plan).to_string())
+        print("kit settings (the notebook's table):\n" + setup.plan.table().to_string())
         print(f"raw settings: one vllm.LLM engine in this process, engine arguments {setup.single.engine_args}")
     for side, timing, tokens in (("raw", run.raw.generate_s, raw), ("kit", run.kit.generate_s, kit)):
         if "output_tokens" in tokens and timing and not math.isnan(timing):

@@ -20,7 +20,7 @@ source benchmarks/gpu_env.sh
 python3 - <<'PY'
 import importlib
 for name in ("torch", "triton", "torchvision", "transformers", "vllm", "ray", "ray.data.llm", "ray.serve.llm",
-             "xgrammar", "flashinfer", "papermill", "helpers.config",
+             "xgrammar", "flashinfer", "papermill", "helpers.plans",
              "ray.llm._internal.serve.engines.vllm.vllm_engine"):  # Serve LLM's engine (bench_kept_engines)
     module = importlib.import_module(name)
     print(f"{name} {getattr(module, '__version__', '')} {getattr(module, '__file__', '')}")

@@ -118,7 +118,7 @@ import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
-from helpers import config
+from helpers import plans
 from helpers.presets import GIB
 work, model, rows, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 extra.update(json.loads(os.environ.get("KIT_PARAMS") or "{}"))  # more parameters for one run, e.g. its ENGINE
@@ -142,7 +142,7 @@ print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, l
 print(f"start marks (s from the first cell): {seen['marks']}")
 # The configuration the notebook made (its settings table), fitted again for the same parameters and GPUs.
 plan = b.text_setup(csv, settings).plan
-print(config.table(plan).to_string())
+print(plan.table().to_string())
 print(f"engine arguments: {plan.engine_args}; Ray pool {plan.actor_pool}")
 print(f"KV cache per engine, {b.kv_line('kit', seen['kv_cache_tokens'], plan)}")
 if plan.kv_bytes is not None:  # each GPU's memory beside the kit's budget
@@ -160,7 +160,7 @@ import json, os, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_pipeline as b
-from helpers import config
+from helpers import plans
 work, model, count, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 devices = os.environ.get("CUDA_VISIBLE_DEVICES", "all")
 images = b.image_input(count, work.parent / f"images-{count}", "small")
@@ -178,7 +178,7 @@ for line in b.gpu_lines(seen["gpu"]):
 print("kit notebook, slowest cells (s): " + "; ".join(f"{t:.1f} {line}" for t, line in seen["cells"]))
 print(f"start marks (s from the first cell): {seen['marks']}")
 plan = b.caption_setup(images, settings).plan
-print(config.table(plan).to_string())
+print(plan.table().to_string())
 print(f"engine arguments: {plan.engine_args}; Ray pool {plan.actor_pool}")
 PY
 }

@@ -379,6 +379,9 @@ def engine_env(plan: Any, joined: bool) -> dict[str, str]:
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TOKENIZERS_PARALLELISM": "false",
            "VLLM_CPU_KVCACHE_SPACE": str(plan.kv_cache_gib),  # GiB, a whole number
            "VLLM_USE_FLASHINFER_SAMPLER": "0"}  # vLLM 0.29 builds it with nvcc on each new node: minutes
+    if plan.one_process:  # vLLM's CPU platform turns "uni" into a worker process of its own otherwise
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env |= {"KIT_STARTUP_TIMEOUT_S": str(plan.startup_timeout_s), "KIT_STALL_TIMEOUT_S": str(plan.stall_timeout_s)}
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if not plan.accelerator_type and plan.replicas == 1 and not joined and len(cores) > 1:
         # vLLM keeps one core back for its scheduler: on 2 cores a lone CPU engine took 1.8x as long.

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -50,7 +51,7 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
     """Tokens the longest answer can take in the model's tokenizer: under a grammar the model may spell a
     label in finer pieces than the tokenizer's own (one token per character), so each label is counted
     both ways, plus the end-of-sequence token. Too few, and answers come back cut ("Manufacturi")."""
-    from helpers.config import tokenizer as load
+    from helpers.plans import tokenizer as load
 
     encode = functools.partial((load(plan) if hasattr(plan, "model_path") else plan).encode, add_special_tokens=False)
     return max(max(len(encode(label)), sum(len(encode(ch)) for ch in label)) for label in labels) + 1
@@ -59,7 +60,7 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
 def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
     """Each token a label can be spelled with, and its text; the special ones (the answer's end) "": the
     only tokens the structured-output mask allows (one pass over the vocabulary, ~1 s for 128,000)."""
-    from helpers.config import tokenizer as load
+    from helpers.plans import tokenizer as load
 
     tokenizer = load(plan) if hasattr(plan, "model_path") else plan
     raw = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
@@ -130,9 +131,25 @@ def confidence(row: Mapping[str, Any], labels: Sequence[str], texts: Mapping[int
     return {CONFIDENCE: mass[chosen], RUNNER_UP: runner if second > 0 else None, RUNNER_UP_CONFIDENCE: second, UNRESOLVED: unresolved}
 
 
-def confidence_columns(plan: Any, labels: Sequence[str]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-    """:func:`confidence` as ``postprocess`` calls it, on a row alone: the labels' token texts read once."""
-    return functools.partial(confidence, labels=labels, texts=pieces(plan, labels))
+@dataclass(frozen=True)
+class Choices:
+    """The labels in the model's tokens: the longest answer's length (:func:`max_tokens`) and, where asked,
+    each token a label can be spelled with (:func:`pieces`, read once here) for :func:`confidence`."""
+
+    labels: tuple[str, ...]
+    max_tokens: int
+    texts: dict[int, str] | None = None
+
+    def confidence(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """An answered row's confidence columns, as ``postprocess`` calls it (the labels' texts travel with it)."""
+        if self.texts is None:
+            raise ValueError("these choices were made without confidence: labels.choices(plan, LABELS, confidence=True)")
+        return confidence(row, self.labels, self.texts)
+
+
+def choices(plan: Any, labels: Sequence[str], confidence: bool = False) -> Choices:
+    """``labels`` in ``plan``'s model's tokens (its tokenizer, read here): what the prompt cell needs."""
+    return Choices(tuple(labels), max_tokens(plan, labels), pieces(plan, labels) if confidence else None)
 
 
 def above_thresholds(truth: pd.Series, predicted: pd.Series, conf: pd.Series,
@@ -256,11 +273,11 @@ def checks(predictions: pd.DataFrame, labels: Sequence[str], *, answer: str, tru
 
 
 def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answer: str, truth: str | None,
-             review_below: float | None = None) -> dict[str, pd.DataFrame]:
+             review_below: float | None = None) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
     """The results section of a classification: the label chart (with the true labels where you have
     them), accuracy per label and the confusion matrix, the confidences against accuracy where the run
     computed them, and the least confident rows (``review.parquet``); every chart and table written
-    through ``run``, so the next run moves them aside with the rest."""
+    through ``run``, so the next run moves them aside with the rest; and what the summary checks (:func:`checks`)."""
     truths = predictions[truth] if truth else None
     plot_label_counts(predictions[answer], labels, truths, run.path("label_counts.png"))
     tables: dict[str, pd.DataFrame] = {}
@@ -282,4 +299,4 @@ def evaluate(predictions: pd.DataFrame, run: Any, labels: Sequence[str], *, answ
         doubtful.to_parquet(run.path("review.parquet"), index=False)
         print(f"review.parquet: {len(doubtful)} rows with a confidence under {review_below}")
         tables["to review"] = doubtful.head(20)
-    return tables
+    return tables, checks(predictions, labels, answer=answer, truth=truth)

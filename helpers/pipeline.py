@@ -1,6 +1,7 @@
-"""Around Ray Data LLM's processor: your ``preprocess`` and ``postprocess`` checked on an example and
-guarded, so one row's failure is that row's reason, never the run's; then one write of every row,
-answered or not, as it comes (resumably, with Ray Data's checkpoints), and how fast it went.
+"""Around Ray Data LLM's processor (``build_processor``, the kit's or Ray's): your ``preprocess`` and
+``postprocess`` checked on an example and guarded, so one row's failure is that row's reason, never the
+run's; then one write of every row, answered or not, as it comes (resumably, with Ray Data's
+checkpoints), and how fast it went.
 
 A row rejected before the model travels through the processor with Ray Data LLM's own error column
 set: every stage and your ``postprocess`` pass it by, and it reaches the write untouched."""
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -182,6 +182,7 @@ class Written:
     steady: float  # rows/s once results flowed; NaN: not measured (see steady_basis)
     steady_basis: str
     stats: str  # Ray Data's statistics per stage
+    stages: list[dict[str, Any]]  # each stage's rows out and seconds
     run: Any
 
     @property
@@ -210,14 +211,7 @@ class Written:
             "whole input, projected GPU-hours": round(hours * gpus, 2) if hours is not None and gpus else "-",
         }).to_frame("value")
         self.run.path("ray_stats.txt").write_text(self.stats)
-        stages = []
-        for block in re.split(r"\n(?=Operator \d+ )", self.stats):
-            head = re.match(r"Operator \d+ (.+?): (\d+) tasks executed, \d+ blocks produced in ([\d.]+)(ms|s)", block)
-            if head:
-                out = re.search(r"Output num rows per block: .*?, (\d+) total", block)
-                stages.append({"stage": head.group(1), "tasks": int(head.group(2)), "rows out": int(out.group(1)) if out else None,
-                               "wall time (s)": round(float(head.group(3)) / (1000 if head.group(4) == "ms" else 1), 2)})
-        return table, pd.DataFrame(stages, columns=["stage", "tasks", "rows out", "wall time (s)"]).sort_values(
+        return table, pd.DataFrame(self.stages, columns=["stage", "rows out", "wall time (s)"]).sort_values(
             "wall time (s)", ascending=False).set_index("stage")
 
 
@@ -235,20 +229,22 @@ def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[fl
     return float(np.polyfit(times, np.cumsum(rows), 1)[0]), f"fitted over {len(files)} result files written in {span:.1f} s"
 
 
-def rows_entered(ds) -> int | None:
-    """Rows that entered the processor in this run, from Ray's statistics: the rows out of the operator
-    holding Ray Data LLM's ``Map(_preprocess)``. None where Ray does not say, or it holds the write."""
+def counted(ds, entered: str) -> tuple[int | None, list[dict[str, Any]]]:
+    """Ray Data's own counts (its statistics summary, a developer API): the rows out of the stage that runs
+    the function named ``entered`` (your wrapped ``preprocess``: the rows that entered the processor; None
+    where Ray does not say, or the stage holds the write); and each stage's rows out and seconds."""
     try:
-        pending = [ds.get_stats_summary()]
-        while pending:
-            summary = pending.pop()
-            for op in summary.operators_stats:
-                if "Map(_preprocess)" in op.operator_name:
-                    return None if op.output_num_rows is None or "Write" in op.operator_name else int(op.output_num_rows.sum)
-            pending.extend(summary.parents)
+        summaries, stages = [ds.get_stats_summary()], []
+        while summaries:
+            summary = summaries.pop()
+            summaries.extend(summary.parents)
+            stages += [{"stage": op.operator_name, "rows out": int(op.output_num_rows.sum) if op.output_num_rows else None,
+                        "wall time (s)": round(op.time_total_s, 2), "entered": entered in op.operator_name
+                        and "Write" not in op.operator_name} for op in summary.operators_stats]
     except Exception:  # statistics never fail a run that finished; without them nothing is claimed
-        return None
-    return None
+        return None, []
+    rows = [s["rows out"] for s in stages if s.pop("entered")]
+    return (rows[0] if len(rows) == 1 else None), stages
 
 
 def _table(files: Sequence[Any]) -> pd.DataFrame:
@@ -315,7 +311,8 @@ def write(run: Any, results, answered_name: str) -> Written:
         stats = finished.stats()
     except Exception as exc:  # statistics never fail a run that finished
         stats = f"(no statistics: {exc})"
-    return Written(answered, errors, now, rows_entered(finished), len(everything) - len(now), seconds, steady, basis, stats, run)
+    entered, stages = counted(finished, run.functions.preprocess.__name__)
+    return Written(answered, errors, now, entered, len(everything) - len(now), seconds, steady, basis, stats, stages, run)
 
 
 def first_rows(ds, limit: int | None, done: int = 0):

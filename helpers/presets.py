@@ -1,6 +1,6 @@
 """Named run configurations, as data (Ray's tutorials' GPU runs, bigger GPUs, multi-GPU models, the
 offline CPU runs), the GPU types and model shapes the kit knows, and what vLLM and Ray get from a
-configuration. Fitting one to your GPUs and rows is :mod:`helpers.config`."""
+configuration. Fitting one to your GPUs and rows is :mod:`helpers.plans`."""
 
 from __future__ import annotations
 
@@ -121,13 +121,15 @@ def model_shape(model: str) -> ModelShape | None:
         return None
 
 
-#: A short CPU run's executor: vLLM's single process (Ray asks for "uni", which vLLM's CPU platform
-#: turns into a worker process of its own that imports vLLM again).
-CPU_EXECUTOR = "vllm.v1.executor.uniproc_executor.UniProcExecutor"
 #: Batch sizes a GPU engine captures CUDA graphs for (vLLM's own list has 51 up to 512).
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512)
 #: A GPU engine that does not compile: no torch.compile, CUDA graphs for decode-only steps.
 NO_COMPILE = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+
+
+SHOWN = ("model_source", "accelerator_type", "concurrency", "replicas_per_gpu", "tensor_parallel_size", "batch_size",
+         "max_concurrent_batches", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
+         "enforce_eager", "torch_compile", "stage_cpus", "startup_timeout_s")  # the settings table's rows
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,7 @@ class Preset:
     dtype: str | None = None  # None: the checkpoint's (a CPU: what it computes fastest, see config)
     enforce_eager: bool = False
     torch_compile: bool = False
-    stage_cpus: float | None = None  # Ray CPUs per light stage; None: decided by config.fit
+    stage_cpus: float | None = None  # Ray CPUs per light stage; None: decided by plans.fit
     kv_cache_gib: int = 1  # a CPU engine's KV cache in GiB (vLLM would take a large share of RAM)
     trust_remote_code: bool = False
     startup_timeout_s: int = 600  # the GPUs (an autoscaler), then the engines' start
@@ -161,7 +163,7 @@ class Preset:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to vLLM as they are
     one_process: bool = False
     gpu_memory_gib: float | None = None  # measured; None: the GPU table's
-    fitted_to: Any = None  # "auto" on GPUs: the cluster it was planned for, planned again by config.fit_context
+    fitted_to: Any = None  # "auto" on GPUs: the cluster it was planned for, planned again by plans.fit_context
     model_path: str = ""  # what vLLM loads, once the model source is prepared
     rows: int | None = None  # rows the run reads: LIMIT, or the input's where known
     rows_estimated: bool = False  # the input's rows were estimated from a sample
@@ -171,6 +173,27 @@ class Preset:
 
     def override(self, **changes: Any) -> Preset:
         return dataclasses.replace(self, **changes)  # a TypeError names an unknown field
+
+    def table(self) -> Any:
+        """Each setting: its value, where it came from (the preset, ``ENGINE``, or the kit) and why (a pandas
+        DataFrame; Jupyter shows a plan as this table)."""
+        import pandas as pd
+
+        why, rows = dict(self.reasons), []
+        for name in SHOWN:
+            value = self.step_tokens if name == "max_num_batched_tokens" else getattr(self, name)
+            origin = ("MODEL_SOURCE" if name == "model_source" else "ENGINE") if name in self.given else (
+                "the kit" if name in why else f"preset {self.name}")
+            rows.append({"setting": name, "value": repr(value), "from": origin, "why": "" if name in self.given else why.get(name, "")})
+        if self.engine_kwargs:
+            rows.append({"setting": "engine_kwargs", "value": repr(self.engine_kwargs), "from": "ENGINE", "why": "passed to vLLM"})
+        low, high = self.actor_pool
+        rows[2]["why"] = (rows[2]["why"] + "; " if rows[2]["why"] else "") + (
+            f"Ray gets ({low}, {high}): {'a fixed pool, all started at once' if low == high else 'an autoscaling pool'}")
+        return pd.DataFrame(rows, columns=["setting", "value", "from", "why"]).set_index("setting")
+
+    def _repr_html_(self) -> str:
+        return self.table()._repr_html_()
 
     @property
     def world(self) -> int:
@@ -251,8 +274,10 @@ class Preset:
                 ceiling = min(2 * self.max_num_seqs, 512)
                 kwargs["compilation_config"] = {"cudagraph_capture_sizes": sorted({*(s for s in CAPTURE_SIZES if s < ceiling), ceiling}),
                                                 **({} if self.torch_compile else NO_COMPILE)}
-        elif self.one_process:
-            kwargs["distributed_executor_backend"] = CPU_EXECUTOR
+        elif self.one_process:  # with VLLM_ENABLE_V1_MULTIPROCESSING=0 (cluster.engine_env): CPU vLLM keeps "uni"
+            kwargs["distributed_executor_backend"] = "uni"
+        if self.task == "vision":
+            kwargs["limit_mm_per_prompt"] = {"image": 1}
         if self.kv_cache_budget is not None:
             kwargs["kv_cache_memory_bytes"] = self.kv_cache_budget
         if self.tensor_parallel_size > 1:
@@ -263,6 +288,17 @@ class Preset:
             if getattr(self, name):
                 kwargs[name] = getattr(self, name)
         return {**kwargs, **self.engine_kwargs}
+
+    @property
+    def placement_group_config(self) -> dict[str, Any]:
+        """Ray Data LLM's ``placement_group_config``: each engine's bundles (a CPU; a GPU or a share of one;
+        several GPUs, packed on one node unless pipeline-parallel)."""
+        if not self.accelerator_type:
+            return {"bundles": [{"CPU": 1}]}
+        if self.world == 1:
+            return {"bundles": [{"GPU": self.gpus_per_replica, "CPU": 1}]}
+        return {"bundles": [{"GPU": 1, "CPU": 1}] + [{"GPU": 1}] * (self.world - 1),
+                "strategy": "PACK" if self.pipeline_parallel_size > 1 else "STRICT_PACK"}
 
     @property
     def ray_type(self) -> str | None:

@@ -39,7 +39,7 @@ PRESETS_BLOCK = re.compile(r"(<!-- presets -->\n)(?P<body>.*?)(<!-- /presets -->
 
 def checked(preset) -> str:
     """What the kit's configuration checks find in ``preset`` on its own hardware."""
-    from helpers.config import ConfigurationError, check
+    from helpers.plans import ConfigurationError, check
 
     try:
         return "; ".join(check(preset)) or "passes"

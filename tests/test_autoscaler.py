@@ -327,8 +327,8 @@ def test_a_named_gpu_preset_waits_for_its_gpus_and_one_no_node_type_has_is_refus
 
 AUTO = """
 import json, sys
-from helpers import cluster, config
-planned = config.fit("text", "auto", None, {"accelerator_type": sys.argv[1], "startup_timeout_s": 240, "stage_cpus": 0.1})
+from helpers import cluster, plans
+planned = plans.fit("text", "auto", None, {"accelerator_type": sys.argv[1], "startup_timeout_s": 240, "stage_cpus": 0.1})
 cluster.start(planned)
 print(json.dumps({"gpus": cluster.read_cluster().get("GPU"), "planned": [planned.accelerator_type, planned.concurrency],
                   "ray_type": planned.ray_type}))

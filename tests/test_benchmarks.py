@@ -280,7 +280,7 @@ def test_pipeline_benchmark_settings_are_the_notebooks_on_both_sides(tmp_path):
     for raw's second run. A random-weights folder loads with ``load_format="dummy"``."""
     import pandas as pd
 
-    from helpers import cluster, config, labels
+    from helpers import cluster, labels, plans
 
     bench = load_script("bench_pipeline", folder="benchmarks")
     rw = load_script("random_weights", folder="benchmarks")
@@ -291,7 +291,7 @@ def test_pipeline_benchmark_settings_are_the_notebooks_on_both_sides(tmp_path):
     assert setup.spec["engine_kwargs"] == setup.plan.engine_args and setup.spec["model"] == setup.plan.model_path
     assert setup.spec["max_tokens"] == labels.max_tokens(setup.plan, setup.params["LABELS"])
     # The context the notebook fits on its requests (the preset's 256 is more than they need).
-    needed = max(config.request_tokens(setup.plan, bench.text_request(t, setup.params, setup.spec["max_tokens"]))
+    needed = max(plans.request_tokens(setup.plan, bench.text_request(t, setup.params, setup.spec["max_tokens"]))
                  for t in pd.read_csv(setup.spec["input"])["Company"])
     assert setup.plan.max_model_len == -(-needed // 64) * 64 < 256
     env = cluster.engine_env(setup.plan, joined=False)
@@ -631,7 +631,7 @@ def test_random_weights_are_the_published_shapes_the_presets_know():
 def test_a_random_weights_folder_is_the_shape_with_the_offline_tokenizer_and_no_weights(model, tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
-    from helpers import config, models
+    from helpers import models, plans
     from helpers.presets import CPU_PRESET, ModelShape, model_shape
 
     rw = load_script("random_weights", folder="benchmarks")
@@ -656,7 +656,7 @@ def test_a_random_weights_folder_is_the_shape_with_the_offline_tokenizer_and_no_
     # The kit loads it as any folder, with vLLM making the weights up.
     engine = rw.engine(str(folder), {})
     assert engine == {"engine_kwargs": {"load_format": "dummy"}} and rw.engine(str(offline), {}) == {}
-    plan = config.fit(task, CPU_PRESET[task], str(folder), engine)
+    plan = plans.fit(task, CPU_PRESET[task], str(folder), engine)
     assert plan.model_path == str(folder.resolve()) and plan.engine_args["load_format"] == "dummy"
 
 
@@ -667,12 +667,12 @@ import random_weights
 from PIL import Image
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
-from helpers import cluster, config, presets
+from helpers import cluster, plans, presets
 
 def main():
     model, task, shrink, cache = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
     folder = str(random_weights.prepare(model, __import__("pathlib").Path(cache), shrink=shrink))
-    plan = config.fit(task, presets.CPU_PRESET[task], folder, random_weights.engine(folder, {}))
+    plan = plans.fit(task, presets.CPU_PRESET[task], folder, random_weights.engine(folder, {}))
     import os; os.environ.update(cluster.engine_env(plan, joined=False))
     if task == "text":
         llm = LLM(model=folder, **plan.engine_args)
@@ -726,7 +726,7 @@ def test_the_gpu_steps_parse_and_use_only_what_the_kit_and_the_benchmarks_have()
     import dataclasses
     import importlib
 
-    from helpers.config import ENGINE_KEYS
+    from helpers.plans import ENGINE_KEYS
     from helpers.presets import Preset
 
     fields = {f.name for f in dataclasses.fields(Preset)}

@@ -246,12 +246,12 @@ def test_the_cluster_install_names_the_offline_models_package_as_the_set_up_inst
 
 def test_the_presets_page_claims_what_the_checks_find():
     """Each "only about N of M full-length sequences" the presets page states for a preset is what
-    ``config.check`` finds in it."""
-    from helpers import config
+    ``plans.check`` finds in it."""
+    from helpers import plans
     from helpers.presets import PRESETS
 
     page = " ".join((REPO / "docs" / "gpus-and-presets.md").read_text(encoding="utf-8").split())
     claims = re.findall(r"`([\w-]+)`[^`]*?only about (\d+) of (\d+) full-length", page)
     for name, fits, of in claims:
-        found = " ".join(config.check(PRESETS[name]))
+        found = " ".join(plans.check(PRESETS[name]))
         assert f"only ~{fits} full-length" in found and f"KV cache for {of} sequences" in found, (name, found)

@@ -31,7 +31,7 @@ def test_anyscale_rejects_what_a_typo_would_produce(job):
 
 
 def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
-    from helpers import config, labels
+    from helpers import labels, plans
     from helpers.presets import PRESETS, names
 
     command = job["entrypoint"].split("&&")[-1]
@@ -45,7 +45,7 @@ def test_job_runs_the_notebook_with_parameters_the_notebook_accepts(job):
     defaults = runner.defaults("text_classification")
     assert set(overrides) <= set(defaults), "job.yaml sets a parameter the notebook lacks"
     p = {**defaults, **overrides}
-    assert config.check_engine(p["ENGINE"]) == [] and p["PRESET"] in names("text") and p["LIMIT"] > 0
+    assert plans.check_engine(p["ENGINE"]) == [] and p["PRESET"] in names("text") and p["LIMIT"] > 0
     labels.check_prompt(p["LABELS"], p["TASK"], p["USER_TEMPLATE"], p["TEMPERATURE"], p["CONFIDENCE"], p["REVIEW_BELOW"])
     # A retry resumes (tests/test_resume.py: with LIMIT too): same command, results on storage every node
     # shares and that outlives an attempt, resuming left on.

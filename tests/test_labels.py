@@ -48,13 +48,14 @@ def test_the_results_section_writes_its_charts_and_review_through_the_run(tmp_pa
     run = SimpleNamespace(plan=SimpleNamespace(model_source="m"), path=lambda name: names.append(name) or tmp_path / name)
     predictions = pd.DataFrame({"label": ["A", "B", "A", "C"], "truth": ["A", "A", "A", "C"],
                                 "confidence": [0.9, 0.3, 0.6, None]})
-    tables = labels.evaluate(predictions, run, ABC, answer="label", truth="truth", review_below=0.5)
+    tables, checks = labels.evaluate(predictions, run, ABC, answer="label", truth="truth", review_below=0.5)
+    assert checks == labels.checks(predictions, ABC, answer="label", truth="truth")  # what the summary records
     assert names == ["label_counts.png", "confusion_matrix.png", "reliability.png", "review.parquet"]
     assert all((tmp_path / n).stat().st_size > 0 for n in names)
     assert list(tables) == ["per label", "confusion matrix", "accuracy by confidence", "to review"]
     assert len(tables["to review"]) == 1
     names.clear()
-    assert list(labels.evaluate(predictions.drop(columns="confidence"), run, ABC, answer="label", truth=None)) == []
+    assert list(labels.evaluate(predictions.drop(columns="confidence"), run, ABC, answer="label", truth=None)[0]) == []
     assert names == ["label_counts.png"]
 
 
@@ -129,10 +130,13 @@ def test_the_label_pieces_are_every_token_a_label_can_be_spelled_with_and_the_sp
     words.pre_tokenizer, words.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
     spm = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>")  # a SentencePiece vocabulary, as Llama 2's
     assert spm.decode([2]) == "Estate" and labels.pieces(spm, LABELS) == {0: "", 2: " Estate", 3: " ", 4: "Re"}
-    columns = labels.confidence_columns(tokenizer, LABELS)  # what the notebook's postprocess calls, shipped by Ray
+    choices = labels.choices(tokenizer, LABELS, confidence=True)  # what the notebook's postprocess calls, shipped by Ray
     ids = tokenizer.encode("Retail", add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     row = {"generated_tokens": ids, "logprobs": [{i: {"logprob": 0.0}} for i in ids]}
-    assert pickle.loads(pickle.dumps(columns))(row) == labels.confidence(row, LABELS, texts) != labels.confidence(row, LABELS, {})
+    assert pickle.loads(pickle.dumps(choices)).confidence(row) == labels.confidence(row, LABELS, texts) != labels.confidence(row, LABELS, {})
+    assert choices.max_tokens == labels.max_tokens(tokenizer, LABELS)
+    with pytest.raises(ValueError, match="without confidence"):
+        labels.choices(tokenizer, LABELS).confidence(row)
 
 
 def test_review_thresholds_reliability_and_the_distribution():
@@ -149,13 +153,13 @@ def test_review_thresholds_reliability_and_the_distribution():
 
 ENGINE_SCRIPT = """
 import json, os, sys
-from helpers import cluster, config, engines, labels
+from helpers import cluster, engines, labels, plans
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
 def main():
     folder, cases, p = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-    plan = config.fit("text", "auto", folder, {}, gpus={"CPU": 2.0, "GPU": 0.0, "nodes": []})
+    plan = plans.fit("text", "auto", folder, {}, gpus={"CPU": 2.0, "GPU": 0.0, "nodes": []})
     os.environ.update(cluster.engine_env(plan, joined=False))
     llm = LLM(model=folder, **plan.engine_args, max_logprobs=p["FULL"], seed=0)
     results = []

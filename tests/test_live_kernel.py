@@ -167,7 +167,7 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
 
     try:
         run_cell, prompt_cell = kernel.index("pipeline.write("), kernel.index("def postprocess(")
-        start_cell = kernel.index("engines.start(")
+        start_cell = kernel.index("processor = build_processor(")
         # 1. Run all.
         seen = kernel.run_all()
         _assert_readable_run_cell(seen[run_cell], "rows")
@@ -193,7 +193,7 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         kernel.parameters.update(LIMIT=59, ENGINE={"max_num_seqs": 16, "batch_size": 8, "max_concurrent_batches": 1, "num_blocks": 16})
         restarted = kernel.run_all(kernel.index("INPUT_PATH = "), start_cell + 1)[start_cell]["stdout"]
         assert "restarting the engines: max_concurrent_batches, max_num_seqs changed" in restarted, restarted
-        assert kernel.run(0, source="kept.ready()")["error"] is None
+        assert kernel.run(0, source="processor.engines.ready()")["error"] is None
         running = engines()
         assert len(before) == len(running) == 1 and running != before
         edited = kernel.source(prompt_cell).replace(

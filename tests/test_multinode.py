@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from test_pipeline import KERNEL, engines_of, start_kernel
 from test_ray_job import free_port, ray_start, stop_processes
 
 
@@ -351,8 +352,14 @@ import json, threading, time
 import ray, ray.util.state
 from ray import serve
 from ray.cluster_utils import Cluster
+from ray.data.llm import vLLMEngineProcessorConfig
 from helpers import engines
 from helpers.presets import PRESETS
+
+def config_of(plan):  # Ray Data LLM's config as the notebooks build it (the fields placing the engines)
+    return vLLMEngineProcessorConfig(model_source=plan.model_path or "model", engine_kwargs=plan.engine_args,
+                                     concurrency=plan.actor_pool, accelerator_type=plan.ray_type, log_engine_metrics=False,
+                                     placement_group_config=plan.placement_group_config)
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
 other = cluster.add_node(num_cpus=8, num_gpus=4, resources={"accelerator_type:A10G": 1})
@@ -361,7 +368,7 @@ ray.init(address=cluster.address, log_to_driver=False)
 serve.start(proxy_location="Disabled")
 # "auto" for a 70B model on 4 H100s: two engines of two GPUs each (no model: each replica's start fails once placed)
 plan = PRESETS["text-llama70b-h100-tp4"].override(tensor_parallel_size=2, concurrency=2, model_path="/no/such/model")
-app = engines._deployment(plan, {}, "tp")
+app = engines._deployment(config_of(plan), "tp")
 threading.Thread(target=lambda: serve.run(app, name="tp", route_prefix=None), daemon=True).start()
 groups, replicas, began = [], [], time.time()
 while time.time() - began < 120 and not (len(groups) == 2 and replicas):
@@ -380,8 +387,14 @@ import json, time
 import ray
 from ray import serve
 from ray.cluster_utils import Cluster
+from ray.data.llm import vLLMEngineProcessorConfig
 from helpers import engines
 from helpers.presets import PRESETS
+
+def config_of(plan):  # Ray Data LLM's config as the notebooks build it (the fields placing the engines)
+    return vLLMEngineProcessorConfig(model_source=plan.model_path or "model", engine_kwargs=plan.engine_args,
+                                     concurrency=plan.actor_pool, accelerator_type=plan.ray_type, log_engine_metrics=False,
+                                     placement_group_config=plan.placement_group_config)
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
 worker = cluster.add_node(num_cpus=2)
@@ -391,7 +404,7 @@ serve.start(proxy_location="Disabled")
 class Engine:  # a stand-in's body in the kit's deployment, its options and all (a CPU an engine)
     pass
 
-kits = engines._deployment(PRESETS["text-cpu-offline"].override(concurrency=2), {}, "cpu")._bound_deployment
+kits = engines._deployment(config_of(PRESETS["text-cpu-offline"].override(concurrency=2)), "cpu")._bound_deployment
 serve.run(kits.options(func_or_class=Engine).bind(), name="cpu", route_prefix=None)
 before = ray.available_resources().get("CPU", 0)
 cluster.remove_node(worker, allow_graceful=False)  # the node and its engine lost
@@ -504,3 +517,34 @@ def test_an_engine_killed_then_a_node_lost_mid_run_the_run_ends_with_every_row_o
     ids = pd.concat([predictions["Customer Id"], errors["Customer Id"]])
     assert ids.is_unique and len(ids) == limit
     assert set(errors["stage"]) <= {"rejected before the model"}, errors[["stage", "reason"]].to_string()  # none lost
+
+
+# A kernel that looks for Serve's controller just before another kernel makes it (Ray's private Serve API,
+# to time the race: kept out of the tests a copied project carries).
+RACED = KERNEL.replace('ray.init(address=sys.argv[1], log_to_driver=False)\n', """ray.init(address=sys.argv[1], log_to_driver=False)
+from ray.serve._private import api
+
+looked = api._get_global_client
+def too_soon():
+    api._get_global_client = looked
+    raise api.RayServeException("no Serve yet")
+api._get_global_client = too_soon
+""")
+
+
+def test_a_kernel_starting_serve_as_another_kernel_does_joins_the_other_kernels_serve(local_ray):
+    """Two kernels starting their engines at once on a cluster without Serve: Ray's ``serve.start`` looks for
+    Serve's controller, then makes one, and refuses the kernel that looked before the other made it
+    (``ActorAlreadyExistsError``). That kernel's cell now joins the controller the other made. A real kernel
+    (a Ray driver) in a process of its own, its look timed as the race times it."""
+    from ray import serve
+
+    serve.start(proxy_location="Disabled")  # the other kernel's controller
+    raced, name = start_kernel(local_ray.get_runtime_context().gcs_address, "raced", RACED), None
+    try:
+        name = engines_of(raced)
+        assert name.startswith("kit-engines-")
+    finally:
+        raced.kill()
+        if name:
+            serve.delete(name)

@@ -51,22 +51,51 @@ def test_no_internal_vocabulary_in_what_users_read(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_the_run_is_your_preprocess_the_kept_engines_and_your_postprocess(path):
-    """The run cell shows the flow a user edits around: ``preprocess`` row by row, a batch of requests per
-    call to the engines this kernel keeps, ``postprocess``, the write; the engines start in a cell of their
-    own, and the last cell frees them. With ``CONFIDENCE`` the text request asks vLLM not to decode each
-    step's 20 candidates (``"detokenize": False``: the engines decode the answer alone) and to keep them in
-    flat lists (frontend CPU per row with confidence 2.34 -> 2.09 ms on a 2-core CPU, without it 1.20;
+def test_the_run_is_ray_data_llms_processor_on_the_kept_engines(path):
+    """The flow of Ray's tutorials in plain sight: Ray's own ``vLLMEngineProcessorConfig`` in a cell of its own,
+    ``build_processor(config, preprocess=..., postprocess=...)``, ``processor(ds)``, the write; the kit's
+    ``build_processor`` one import line away from Ray's, the line that switches said beside it; the last
+    cell frees the engines. With ``CONFIDENCE`` the text request asks vLLM not to decode each step's 20
+    candidates (``"detokenize": False``: the engines decode the answer alone) and to keep them in flat lists
+    (frontend CPU per row with confidence 2.34 -> 2.09 ms on a 2-core CPU, without it 1.20;
     benchmarks/bench_logprobs.py)."""
     code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    assert "from ray.data.llm import vLLMEngineProcessorConfig" in code[0]
+    assert "from helpers.engines import build_processor  # Ray's own, new engines each run: from ray.data.llm import " \
+           "build_processor" in code[0]
+    assert sum(c.count("vLLMEngineProcessorConfig(") for c in code) == 1
+    config = next(c for c in code if "vLLMEngineProcessorConfig(" in c)
+    assert config.split("\n")[1].startswith("config = vLLMEngineProcessorConfig(") and "build_processor(" not in config
+    assert any(c.startswith("processor = build_processor(config, preprocess=functions.preprocess, "
+                            "postprocess=functions.postprocess") for c in code)
     run = next(c for c in code if "pipeline.write(" in c)
-    for step in ("ds.map(functions.preprocess", "engines.answer(requests, kept)", "answers.map(functions.postprocess",
-                 "pipeline.write(run, results"):
-        assert step in run, step
-    assert sum("engines.start(plan, engine_env" in c for c in code) == 1 and code[-1].startswith("engines.free(kept)")
+    assert "results = processor(ds)" in run and "pipeline.write(run, results" in run
+    assert code[-1].startswith("engines.free()")
     if path.name.startswith("text"):
         text = path.read_text().replace('\\"', '"')
         assert '"detokenize": not CONFIDENCE' in text and '"flat_logprobs": CONFIDENCE' in text
+
+
+def helper_calls(path) -> list[str]:
+    """The calls a notebook makes into ``helpers``: ``module.name(...)`` of a helpers module it imports, and
+    names it imports from one (methods of what they return are the objects' own, as pandas' are)."""
+    import ast
+
+    tree = ast.parse("\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"))
+    modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "helpers"
+               for a in n.names}
+    names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.module or "").startswith("helpers.") for a in n.names}
+    return [ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id in modules)
+        or (isinstance(n.func, ast.Name) and n.func.id in names))]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_makes_at_most_fifteen_calls_into_helpers(path):
+    """What a reader must look up outside the notebook stays small (19 and 17 before Ray's processor API)."""
+    calls = helper_calls(path)
+    assert "build_processor" in calls and len(calls) <= 15, calls
 
 
 # A newcomer reads a notebook in 15 minutes: at most 26 cells and 1,200 words of prose before

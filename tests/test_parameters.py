@@ -5,11 +5,11 @@ import nbformat
 import pytest
 from conftest import load_script, notebook_cells, run_cells
 
-from helpers import config, parameters
+from helpers import parameters, plans
 from helpers.parameters import ParameterError
 
 NOTEBOOKS = ("text_classification", "vlm_captioning")
-CHECK_CELL = "config.fit("  # the notebooks' first cell of checks ends with the fit
+CHECK_CELL = "plans.fit("  # the notebooks' first cell of checks ends with the fit
 
 
 def parameters_cell(name: str) -> str:
@@ -98,13 +98,13 @@ def test_every_problem_of_one_concept_is_listed_at_once(tmp_path):
 
 def test_engine_from_the_command_line_is_read_as_the_literal_it_spells():
     """``papermill -p ENGINE "{'concurrency': 2}"`` passes text; so does ``-p ... "(2, 2)"``."""
-    assert config.check_engine("{'concurrency': [2, 2], 'batch_size': 8}") == []
+    assert plans.check_engine("{'concurrency': [2, 2], 'batch_size': 8}") == []
     assert parameters.literal("(2, 2)") == (2, 2) and parameters.literal("plain") == "plain"
 
 
 def test_stall_timeout_is_an_engine_setting_of_ten_seconds_or_more():
-    assert config.check_engine({"stall_timeout_s": 600}) == []
-    assert config.check_engine({"stall_timeout_s": 5}) == ["ENGINE['stall_timeout_s']=5 is not a valid value"]
+    assert plans.check_engine({"stall_timeout_s": 600}) == []
+    assert plans.check_engine({"stall_timeout_s": 5}) == ["ENGINE['stall_timeout_s']=5 is not a valid value"]
 
 
 def test_a_name_that_is_not_a_parameter_is_named_with_the_closest_one():
@@ -143,5 +143,5 @@ def test_a_notebook_calls_at_most_24_helpers_and_never_globals(repo):
         methods = [f"{n.func.value.id}.{n.func.attr}" for n in ast.walk(tree) if isinstance(n, ast.Call)
                    and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id in RETURNED]
         assert len(functions) + len(methods) <= 24, (name, functions, methods)
-        assert "globals()" not in code and "engines.answer(" in code
+        assert "globals()" not in code and "processor(ds)" in code
         assert "pipeline.write(" in code

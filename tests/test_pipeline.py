@@ -1,6 +1,6 @@
 """Around the processor: your functions guarded, every row written once with the columns your
 postprocess returns, resumed after a failure, the start watched; on a real local Ray with a stand-in
-engine (Ray Data LLM's own pre- and postprocess wrappers around it), so each test takes seconds."""
+engine between your mapped functions (as the kit's processor maps them), so each test takes seconds."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ LABELS = ["Retail", "Finance"]
 def preprocess(row):
     if row["name"] == "raise":
         raise ValueError("no prompt for this one")
-    return {"messages": [{"role": "user", "content": row["name"]}], "sampling_params": {"max_tokens": 4}}
+    return {"messages": [{"role": "user", "content": row["name"]}], "sampling_params": {"max_tokens": 4}, "name": row["name"]}
 
 
 def postprocess(row):
@@ -35,30 +35,28 @@ def checked(post=postprocess):
 
 
 def stand_in_processor(functions, fail_file=None, sleep_s=0.0, fail_on="39"):
-    """What ``build_processor`` makes, with a stand-in engine: Ray Data LLM's wrappers around your
-    functions; rows named "engine fails" come back with the engine's error."""
-    from ray.llm._internal.batch.stages.base import wrap_postprocess, wrap_preprocess
+    """What ``build_processor`` makes, with a stand-in engine between your mapped functions; rows named
+    "engine fails" come back with the engine's error."""
 
     def engine(batch: pd.DataFrame) -> pd.DataFrame:
-        if fail_file and os.path.exists(fail_file) and (batch["__data"].map(lambda d: d["id"]) == fail_on).any():
+        if fail_file and os.path.exists(fail_file) and (batch[pipeline.INPUT + "id"] == fail_on).any():
             time.sleep(5)  # the other batches are written first
             raise RuntimeError("the node went away")  # the whole task: Ray's own failure, not a row's
         time.sleep(sleep_s)
         rows = []
-        for d in batch["__data"]:
-            d = dict(d)
-            if not d.get("__inference_error__") and d["name"] == "engine fails":
+        for d in batch.to_dict("records"):
+            if not d.get("__inference_error__") and d[pipeline.INPUT + "name"] == "engine fails":
                 d["__inference_error__"] = "RuntimeError: engine died on this one"
             elif not d.get("__inference_error__"):
-                d.update(generated_text=LABELS[len(d["name"]) % 2], generated_tokens=[1, 2], num_input_tokens=7,
+                d.update(generated_text=LABELS[len(d[pipeline.INPUT + "name"]) % 2], generated_tokens=[1, 2], num_input_tokens=7,
                          num_generated_tokens=2)
-            rows.append({"__data": d})
+            rows.append(d)
         return pd.DataFrame(rows)
 
-    def processor(ds):
-        ds = ds.map(wrap_preprocess(functions.preprocess, "__data"))
+    def processor(ds):  # as the kit's: what preprocess returns goes on; a failed row passes postprocess by
+        ds = ds.map(functions.preprocess)
         ds = ds.map_batches(engine, batch_format="pandas", batch_size=4, num_cpus=0.5, max_retries=0)
-        return ds.map(wrap_postprocess(functions.postprocess, "__data"))
+        return ds.map(lambda row: row if row.get(pipeline.INFERENCE_ERROR) else functions.postprocess(row))
 
     return processor
 
@@ -87,6 +85,18 @@ def read(ray, tmp_path, frame):
 
 
 PLAN = PRESETS["text-cpu-offline"].override(batch_size=4, stage_cpus=0.1, startup_timeout_s=600)
+
+
+def config_of(plan, **fields):
+    """Ray Data LLM's config as the notebooks' config cell builds it from ``plan`` (the kit's waits in its variables)."""
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    waits = {"KIT_STARTUP_TIMEOUT_S": str(plan.startup_timeout_s), "KIT_STALL_TIMEOUT_S": str(plan.stall_timeout_s)}
+    return vLLMEngineProcessorConfig(**{
+        "model_source": plan.model_path or "model", "engine_kwargs": plan.engine_args, "concurrency": plan.actor_pool,
+        "batch_size": plan.batch_size, "max_concurrent_batches": plan.max_concurrent_batches, "accelerator_type": plan.ray_type,
+        "placement_group_config": plan.placement_group_config, "chat_template_stage": {"num_cpus": plan.stage_cpus},
+        "should_continue_on_error": True, "log_engine_metrics": False, "runtime_env": {"env_vars": waits}, **fields})
 
 
 def test_your_functions_are_tried_on_the_example_before_anything_runs():
@@ -185,7 +195,7 @@ def test_a_failed_run_resumes_where_it_stopped_and_writes_each_row_once(local_ra
 
 
 def test_engines_that_do_not_start_in_time_fail_or_were_freed_stop_the_run_with_the_cause(monkeypatch):
-    """The run cell waits for the first engine (``engines.answer``), never forever: engines still starting
+    """The run cell waits for the first engine (``processor(ds)``), never forever: engines still starting
     after ``startup_timeout_s`` (a cluster that never gets its GPUs), a start that failed, or engines the
     last cell freed each stop it with one line saying why; one engine of two running is enough to begin
     (Serve sends requests to those running; on a cluster adding nodes the rest come later). The real
@@ -197,13 +207,13 @@ def test_engines_that_do_not_start_in_time_fail_or_were_freed_stop_the_run_with_
     freed = []
     monkeypatch.setattr(engines, "_state", lambda name: states[name])
     monkeypatch.setattr(engines, "free", lambda name, quiet=False: freed.append(name))
-    slow = engines.Engines("slow", {}, PLAN.override(startup_timeout_s=1))
-    failed, half = engines.Engines("failed", {}, PLAN), engines.Engines("half", {}, PLAN)
+    slow = engines.Engines("slow", {}, 1)
+    failed, half = engines.Engines("failed", {}), engines.Engines("half", {})
     for started in (slow, failed, half):
         monkeypatch.setitem(engines._kept, started.name, started)
     began = time.monotonic()
     with pytest.raises(engines.EngineStartError, match=r"did not start \(not ready in 1 s\).*startup_timeout_s"):
-        engines.answer(None, slow)
+        engines.Processor(slow, config_of(PLAN))(None)
     assert 1 <= time.monotonic() - began < 10 and "slow" not in engines._kept and freed == ["slow"]  # let go
     with pytest.raises(engines.EngineStartError, match="DEPLOY_FAILED.*RuntimeError.*no GPU of type L4"):
         failed.ready()
@@ -242,7 +252,7 @@ def test_the_run_begins_once_one_engine_answers_as_serve_itself_reports_it(local
     name = "two-engines"
     serve.run_many([serve.RunTarget(Engine.options(name=name).bind(str(tmp_path / "first")), name=name, route_prefix=None)],
                    wait_for_applications_running=False)
-    kept = engines.Engines(name, {}, PLAN.override(startup_timeout_s=100))
+    kept = engines.Engines(name, {}, 100)
     monkeypatch.setitem(engines._kept, name, kept)
     assert kept.ready() is kept and time.monotonic() - kept.started < 60
     assert engines._state(name)[:2] == ("DEPLOYING", 1)
@@ -281,23 +291,23 @@ def test_each_engine_takes_max_concurrent_batches_at_once_so_one_that_starts_lat
             self.now -= 1
             return [{"generated_text": "Retail", pipeline.INFERENCE_ERROR: ""} for _ in requests]
 
-    plan = PLAN.override(concurrency=2, max_concurrent_batches=2)
+    config = config_of(PLAN.override(concurrency=2, max_concurrent_batches=2))
     name = "capped-engines"
-    kits = engines._deployment(plan, {}, name)._bound_deployment  # the kit's deployment, options and all
+    kits = engines._deployment(config, name)._bound_deployment  # the kit's deployment, options and all
     serve.start(proxy_location="Disabled")
     serve.run_many([serve.RunTarget(kits.options(func_or_class=Engine, ray_actor_options={"num_cpus": 0}).bind(),
                                     name=name, route_prefix=None)], wait_for_applications_running=False)
-    kept = engines.Engines(name, {}, plan)
+    kept = engines.Engines(name, {})
     monkeypatch.setitem(engines._kept, name, kept)
     request = {"messages": [{"role": "user", "content": "Walmart"}], "sampling_params": {"max_tokens": 4}}
     ds = ray.data.from_items([request] * 64, override_num_blocks=4)  # 16 batches of 4, all in flight at once
     try:
-        answered = engines.answer(ds, kept).take_all()
+        answered = engines.Processor(kept, config)(ds).take_all()
     finally:
         engines.free(kept, quiet=True)
     calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
     assert len(answered) == 64 and len(calls) == 16
-    assert max(now for _, now in calls) <= plan.max_concurrent_batches  # never more at once than it works on
+    assert max(now for _, now in calls) <= config.max_concurrent_batches  # never more at once than it works on
     assert sum(late for late, _ in calls) >= 4, calls  # the engine that started later got its share
 
 
@@ -326,18 +336,18 @@ def test_a_batch_whose_engine_dies_is_answered_by_another_and_a_run_that_stops_m
                 os._exit(1)  # the engine's process dies with the batch in it
             return [{"generated_text": r["messages"][0]["content"], pipeline.INFERENCE_ERROR: ""} for r in requests]
 
-    plan = PLAN.override(concurrency=2, max_concurrent_batches=2, stall_timeout_s=60)
+    config = config_of(PLAN.override(concurrency=2, max_concurrent_batches=2, stall_timeout_s=60))
     name = "dying-engines"
-    kits = engines._deployment(plan, {}, name)._bound_deployment  # the kit's deployment, options and all
+    kits = engines._deployment(config, name)._bound_deployment  # the kit's deployment, options and all
     serve.start(proxy_location="Disabled")
     serve.run_many([serve.RunTarget(kits.options(func_or_class=Engine, ray_actor_options={"num_cpus": 0}).bind(),
                                     name=name, route_prefix=None)])
-    kept = engines.Engines(name, {}, plan)
+    kept = engines.Engines(name, {})
     monkeypatch.setitem(engines._kept, name, kept)
     asked = [{"messages": [{"role": "user", "content": str(i)}], "sampling_params": {"max_tokens": 4}} for i in range(32)]
     try:
         began = time.monotonic()
-        answered = engines.answer(ray.data.from_items(asked, override_num_blocks=4), kept).take_all()
+        answered = engines.Processor(kept, config)(ray.data.from_items(asked, override_num_blocks=4)).take_all()
     finally:
         engines.free(kept, quiet=True)
     calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
@@ -381,34 +391,27 @@ def holding(name: str):
 KERNEL = """
 import sys, time, ray
 from ray import serve
+from ray.data.llm import vLLMEngineProcessorConfig
 from helpers import engines
-from helpers.presets import PRESETS
 
 @serve.deployment(ray_actor_options={"num_cpus": 1})
 class Holding:  # as holding() below
     pass
 
-engines._deployment = lambda plan, env, name: Holding.options(name=name).bind()
+engines._deployment = lambda config, name: Holding.options(name=name).bind()
 ray.init(address=sys.argv[1], log_to_driver=False)
-if sys.argv[3:] == ["race"]:  # another kernel makes Serve's controller just after this one looked for it
-    from ray.serve._private import api
-
-    looked = api._get_global_client
-    def too_soon():
-        api._get_global_client = looked
-        raise api.RayServeException("no Serve yet")
-    api._get_global_client = too_soon
-print("started", engines.start(PRESETS["text-cpu-offline"], {}, sys.argv[2]).name, flush=True)
+config = vLLMEngineProcessorConfig(model_source="model", concurrency=(1, 1), log_engine_metrics=False)
+print("started", engines.build_processor(config).engines.name, sys.argv[2], flush=True)
 time.sleep(600)
 """
 
 
-def start_kernel(gcs: str, notebook: str, *how: str):
-    """KERNEL in a process of its own, on the cluster at ``gcs``, its output (errors too) in ``stdout``."""
+def start_kernel(gcs: str, notebook: str, script: str = KERNEL):
+    """``script`` (KERNEL) in a process of its own, on the cluster at ``gcs``, its output (errors too) in ``stdout``."""
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-c", KERNEL, gcs, notebook, *how], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", script, gcs, notebook], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "RAY_ADDRESS": ""})
 
 
@@ -437,12 +440,12 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
             kernels.append(start_kernel(gcs, notebook))
             names.append(engines_of(kernels[-1]))
         killed, alive = names
-        assert killed.startswith("killed-engines-") and alive.startswith("alive-engines-")
+        assert killed.startswith("kit-engines-") and alive.startswith("kit-engines-") and killed != alive
         kernels[0].kill()  # SIGKILL: no atexit, no last cell
         kernels[0].wait()
-        monkeypatch.setattr(engines, "_deployment", lambda plan, env, name: holding(name))
+        monkeypatch.setattr(engines, "_deployment", lambda config, name: holding(name))
         began = time.monotonic()
-        started = engines.start(PLAN.override(startup_timeout_s=60), {}, "next")  # the CPUs are 2: one was held
+        started = engines.build_processor(config_of(PLAN.override(startup_timeout_s=60))).engines  # 2 CPUs: one was held
         assert started.ready() is started and time.monotonic() - began < 60
         assert killed not in serve.status().applications and alive in serve.status().applications
         engines.free(started, quiet=True)
@@ -450,24 +453,6 @@ def test_engines_whose_kernel_was_killed_are_freed_by_the_next_start_and_a_live_
         for kernel in kernels:
             kernel.kill()
         for name in names:
-            serve.delete(name)
-
-
-def test_a_kernel_starting_serve_as_another_kernel_does_joins_the_other_kernels_serve(local_ray):
-    """Two kernels starting their engines at once on a cluster without Serve: Ray's ``serve.start`` looks for
-    Serve's controller, then makes one, and refuses the kernel that looked before the other made it
-    (``ActorAlreadyExistsError``). That kernel's cell now joins the controller the other made. A real kernel
-    (a Ray driver) in a process of its own, its look timed as the race times it."""
-    from ray import serve
-
-    serve.start(proxy_location="Disabled")  # the other kernel's controller
-    raced, name = start_kernel(local_ray.get_runtime_context().gcs_address, "raced", "race"), None
-    try:
-        name = engines_of(raced)
-        assert name.startswith("raced-engines-")
-    finally:
-        raced.kill()
-        if name:
             serve.delete(name)
 
 
@@ -483,16 +468,16 @@ def test_engines_whose_start_failed_are_restarted_by_the_next_start_and_the_cell
         def __init__(self):
             raise RuntimeError("no GPU of type L4")
 
-    monkeypatch.setattr(engines, "_deployment", lambda plan, env, name: Failing.options(name=name).bind())
-    plan = PLAN.override(startup_timeout_s=120)
-    failed = engines.start(plan, {}, "failing")
+    monkeypatch.setattr(engines, "_deployment", lambda config, name: Failing.options(name=name).bind())
+    config = config_of(PLAN.override(startup_timeout_s=120))
+    failed = engines.build_processor(config).engines
     began = time.monotonic()
     while engines._state(failed.name)[0] != "DEPLOY_FAILED":  # Serve retries the constructor, then gives up
         assert time.monotonic() - began < 120, engines._state(failed.name)
         time.sleep(0.5)
-    monkeypatch.setattr(engines, "_deployment", lambda plan, env, name: holding(name))
+    monkeypatch.setattr(engines, "_deployment", lambda config, name: holding(name))
     capsys.readouterr()
-    again = engines.start(plan, {}, "failing")  # the engines' cell run again, nothing changed
+    again = engines.build_processor(config).engines  # the processor's cell run again, nothing changed
     said = capsys.readouterr().out
     assert "restarting the engines: their state" in said and "DEPLOY_FAILED" in said, said
     assert again is not failed and again.ready() is again
@@ -502,19 +487,20 @@ def test_engines_whose_start_failed_are_restarted_by_the_next_start_and_the_cell
 
 
 def test_kept_engines_serve_a_changed_prompt_and_a_shorter_context_and_are_restarted_for_anything_else():
-    """A prompt edited in the notebook: ``config.fit_context`` measures the real requests again. Engines
+    """A prompt edited in the notebook: ``plans.fit_context`` measures the real requests again. Engines
     with a context at least as long are kept; a lengthened prompt that needs a longer one, another engine
     setting, or a start that failed restarts them, and the cell names why."""
     from helpers import engines
 
-    plan = PLAN.override(max_model_len=512)
-    settings = {"model": "m", "max_model_len": 512, "max_num_seqs": 256}
-    kept = engines.Engines("kept", settings, plan)
-    assert kept.changes(settings, plan) == []
-    assert kept.changes({**settings, "max_model_len": 256}, plan.override(max_model_len=256)) == []  # shorter: fits
-    assert kept.changes({**settings, "max_model_len": 1024}, plan.override(max_model_len=1024)) == ["max_model_len"]
-    assert kept.changes({**settings, "max_model_len": 256, "max_num_seqs": 16}, plan.override(max_model_len=256)) == [
+    settings = engines._settings(config_of(PLAN.override(max_model_len=512)))
+    kept = engines.Engines("kept", settings)
+    assert kept.changes(settings) == [] and settings["max_model_len"] == 512
+    assert kept.changes(engines._settings(config_of(PLAN.override(max_model_len=256)))) == []  # shorter: fits
+    assert kept.changes(engines._settings(config_of(PLAN.override(max_model_len=1024)))) == ["max_model_len"]
+    assert kept.changes(engines._settings(config_of(PLAN.override(max_model_len=256, max_num_seqs=16)))) == [
         "max_model_len", "max_num_seqs"]
+    waits = config_of(PLAN.override(max_model_len=512, stall_timeout_s=60, startup_timeout_s=30))
+    assert kept.changes(engines._settings(waits)) == []  # the kit's waits are the run's, not the engines'
 
 
 @pytest.mark.parametrize("flat", [True, False])
@@ -616,3 +602,43 @@ def test_no_column_ray_or_your_request_writes_replaces_a_column_of_yours(local_r
     assert (every["messages"] == "yours " + every["id"]).all()
     assert (every["generated_text"] == "also yours " + every["id"]).all()
     assert (written.answered["predicted_label"].isin(LABELS)).all()
+
+
+def test_a_config_field_the_kept_engines_cannot_honour_is_refused_by_name_before_anything_starts():
+    """Ray's own ``vLLMEngineProcessorConfig``: what the kept engines do (generation, their placement, the stages
+    they run inside the engine) goes through; anything else is named, with the way out (Ray's own processor)."""
+    from helpers import engines
+
+    assert engines.refused(config_of(PLAN)) == []
+    assert engines.refused(config_of(PLAN, prepare_multimodal_stage={"enabled": True, "num_cpus": 0.1},
+                                     tokenize_stage=False, detokenize_stage={"enabled": False})) == []  # in the engine
+    said = engines.refused(config_of(PLAN, task_type="embed", max_pending_requests=8, log_engine_metrics=True,
+                                     chat_template_stage={"enabled": False, "chat_template": "{{x}}"},
+                                     detokenize_stage={"batch_size": 8}, dynamic_lora_loading_path="s3://loras"),
+                           builder_kwargs={"chat_template_kwargs": {}})
+    assert said == ["builder_kwargs ['chat_template_kwargs']", "task_type='embed' (they generate text)",
+                    "log_engine_metrics=True (they export no metrics to Ray's; set it False)",
+                    "dynamic_lora_loading_path='s3://loras'", "max_pending_requests=8", "chat_template_stage['chat_template']",
+                    "chat_template_stage disabled (the engines take messages)", "detokenize_stage['batch_size']"], said
+    with pytest.raises(engines.UnsupportedConfigError, match=r"cannot honour task_type='embed'.*from ray.data.llm import build_processor"):
+        engines.build_processor(config_of(PLAN, task_type="embed"))
+
+
+def test_a_message_with_images_reaches_the_chat_template_as_image_parts_and_vllm_as_its_images():
+    """The notebook's request (an ``image_pil`` part) as the model's chat template and vLLM take it, with no
+    vLLM internals: text-only content as one text; an image part as ``{"type": "image"}``, the image in order;
+    a part of a kind the engines do not take fails that row, by name."""
+    from PIL import Image
+
+    from helpers import engines
+
+    red, blue = Image.new("RGB", (2, 2), "red"), Image.new("RGB", (2, 2), "blue")
+    messages, found = engines.chat([
+        {"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Both:"}, {"type": "image_pil", "image_pil": red},
+                                     {"type": "image_pil", "image_pil": blue}]}])
+    assert messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "text", "text": "Both:"}, {"type": "image"}, {"type": "image"}]}] and found == [red, blue]
+    assert engines.chat([{"role": "user", "content": "plain"}]) == ([{"role": "user", "content": "plain"}], [])
+    with pytest.raises(ValueError, match="'image_url'.*take text and image_pil parts"):
+        engines.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}])

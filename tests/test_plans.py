@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from helpers import cluster, config, presets
-from helpers.config import ConfigurationError
+from helpers import cluster, plans, presets
+from helpers.plans import ConfigurationError
 from helpers.presets import GIB, KNOWN_MODELS, PRESETS, ModelShape
 
 LLAMA_8B, LLAMA_70B, QWEN = presets.LLAMA_8B, presets.LLAMA_70B, presets.QWEN_VL_3B
@@ -22,7 +22,7 @@ def seen(*nodes, remote=False):
 
 def fit(task="text", preset="auto", model=None, engine=None, rows=None, limit=None, gpus=None):
     source = type("Source", (), {"rows": rows, "rows_basis": "counted"})() if rows else None
-    return config.fit(task, preset, model, engine or {}, source=source, limit=limit, gpus=gpus or seen())
+    return plans.fit(task, preset, model, engine or {}, source=source, limit=limit, gpus=gpus or seen())
 
 
 def test_seed_presets_are_as_published():
@@ -43,7 +43,7 @@ def test_presets_are_frozen_and_overrides_are_checked():
     assert preset.override(batch_size=128).batch_size == 128 and preset.batch_size == 256
     with pytest.raises(TypeError, match="unexpected keyword argument 'batch_sise'"):
         preset.override(batch_sise=128)
-    assert set(config.ENGINE_KEYS) <= {f.name for f in dataclasses.fields(preset)}
+    assert set(plans.ENGINE_KEYS) <= {f.name for f in dataclasses.fields(preset)}
 
 
 def test_without_a_gpu_auto_is_the_cpu_preset_and_never_on_a_remote_cluster():
@@ -79,7 +79,7 @@ def test_auto_runs_four_engines_on_a_gpu_with_the_memory_and_the_cpus_for_them()
     assert fit(gpus=seen(("H200", 2, 139.8))).replicas_per_gpu == 2  # 8 CPUs a GPU: too few for four engines each
     assert fit(gpus=seen(("H100", 1))).replicas_per_gpu == 2  # four copies leave no room for their sequences
     assert fit("vision", gpus=seen(("H200", 1))).replicas_per_gpu == 1  # captions: measured with two at most
-    long = config.fit_context(h200, [{"messages": [{"role": "user", "content": "word " * 900}], "sampling_params": {"max_tokens": 8}}])
+    long = plans.fit_context(h200, [{"messages": [{"role": "user", "content": "word " * 900}], "sampling_params": {"max_tokens": 8}}])
     assert (long.replicas_per_gpu, long.concurrency) == (2, 2) and long.max_model_len > 900  # 1,024 tokens: fewer fit
     assert fit(engine={"replicas_per_gpu": 3}, gpus=seen(("H200", 1))).replicas_per_gpu == 3  # yours is kept
 
@@ -90,10 +90,10 @@ def test_a_short_run_gives_every_engine_a_batch_and_warns_of_nothing_the_kit_cho
     h200 = seen(("H200", 1, 139.8))
     short = fit(gpus=h200, rows=309)
     assert (short.replicas, short.batch_size) == (4, 78) and "a batch for each of the 4 engines" in dict(short.reasons)["batch_size"]
-    assert config.check(short, 309) == [] and config.check(fit(gpus=h200, rows=3), 3) == []
+    assert plans.check(short, 309) == [] and plans.check(fit(gpus=h200, rows=3), 3) == []
     assert fit(gpus=h200, rows=100_000).batch_size == 256
     mine = fit(engine={"batch_size": 256}, gpus=h200, rows=309)
-    assert mine.batch_size == 256 and config.check(mine, 309) == ["309 rows make 2 batches for 4 replicas: lower batch_size"]
+    assert mine.batch_size == 256 and plans.check(mine, 309) == ["309 rows make 2 batches for 4 replicas: lower batch_size"]
 
 
 def test_auto_uses_tensor_parallelism_only_where_the_model_does_not_fit():
@@ -160,28 +160,28 @@ def test_model_shapes_from_a_folder_or_a_known_id(smollm2_path, monkeypatch):
 
 def test_every_preset_passes_its_checks_and_the_tutorials_warnings_say_why():
     for preset in PRESETS.values():
-        warnings = config.check(preset)
+        warnings = plans.check(preset)
         if preset.name not in ("text-llama8b-l4", "text-llama8b-l4-scaled", "text-llama8b-a10g", "vision-qwen3b-l4",
                                "vision-qwen3b-l4-scaled"):
             assert warnings == [], (preset.name, warnings)
-    [seed] = config.check(PRESETS["text-llama8b-l4"])
+    [seed] = plans.check(PRESETS["text-llama8b-l4"])
     assert "only ~143 full-length sequences fit" in seed  # the throughput guide's advice, with its numbers
-    assert config.check(PRESETS["text-llama8b-l4-scaled"].override(max_model_len=128)) == []
+    assert plans.check(PRESETS["text-llama8b-l4-scaled"].override(max_model_len=128)) == []
     with pytest.raises(ConfigurationError, match="weights need 131.5 GiB per GPU"):
-        config.check(PRESETS["text-llama8b-l4"].override(model_source=LLAMA_70B))
+        plans.check(PRESETS["text-llama8b-l4"].override(model_source=LLAMA_70B))
     assert any("64 x 2 = 128 < max_num_seqs = 256" in w for w in
                [w.replace("batch_size x max_concurrent_batches = ", "64 x 2 = ") for w in
-                config.check(PRESETS["text-llama8b-l4"].override(batch_size=64, max_concurrent_batches=2))])
+                plans.check(PRESETS["text-llama8b-l4"].override(batch_size=64, max_concurrent_batches=2))])
 
 
 def test_engine_settings_win_and_the_table_says_where_each_value_came_from():
     plan = fit(engine={"batch_size": 32, "concurrency": [2, 4]}, gpus=seen(("L4", 4)))
     assert plan.batch_size == 32 and plan.concurrency == (2, 4) and plan.actor_pool == (2, 4)
-    table = config.table(plan)
+    table = plan.table()
     assert table.loc["batch_size", "from"] == "ENGINE" and table.loc["batch_size", "why"] == ""
     assert table.loc["max_num_seqs", "from"] == "the kit" and table.loc["batch_size", "value"] == "32"
     assert "an autoscaling pool" in table.loc["concurrency", "why"]
-    assert "a fixed pool" in config.table(fit(gpus=seen(("L4", 4)))).loc["concurrency", "why"]
+    assert "a fixed pool" in plans.table(fit(gpus=seen(("L4", 4)))).loc["concurrency", "why"]
     assert fit(engine={"engine_kwargs": {"load_format": "dummy"}}).engine_args["load_format"] == "dummy"
 
 
@@ -189,7 +189,7 @@ def test_the_stages_and_the_dtype_are_decided_for_the_hardware(monkeypatch):
     h100 = seen(("H100", 1))
     assert (fit(gpus=h100).stage_cpus, fit().stage_cpus, fit(engine={"stage_cpus": 0.5}).stage_cpus) == (1.0, 0.1, 0.5)
     monkeypatch.setattr(config, "_cpu_dtype", lambda: ("float32", "no bf16 here"))
-    assert fit().engine_args["dtype"] == "float32" and config.table(fit()).loc["dtype", "why"] == "no bf16 here"
+    assert fit().engine_args["dtype"] == "float32" and plans.table(fit()).loc["dtype", "why"] == "no bf16 here"
     assert "dtype" not in fit(gpus=h100).engine_args  # a GPU: the checkpoint's
 
 
@@ -201,7 +201,7 @@ def test_what_a_short_run_changes(smollm2_path):
     assert not fit(gpus=h100).enforce_eager and fit(limit=1000, gpus=h100).enforce_eager
     assert not fit(rows=309, engine={"torch_compile": True}, gpus=h100).enforce_eager  # asked to compile
     assert fit(rows=100).one_process and not fit(rows=101).one_process and fit("vision", rows=24).one_process
-    assert fit(rows=12).engine_args["distributed_executor_backend"] == presets.CPU_EXECUTOR
+    assert fit(rows=12).engine_args["distributed_executor_backend"] == "uni"
 
 
 def test_a_gpus_read_blocks_hold_two_batches_or_more_for_many_engines_and_every_engine_gets_one():
@@ -211,7 +211,7 @@ def test_a_gpus_read_blocks_hold_two_batches_or_more_for_many_engines_and_every_
     assert fit(rows=10_000).num_blocks == 157  # a CPU: ceil(10,000 / 64)
     assert fit().num_blocks == 8  # rows unknown: the preset's
     assert fit(rows=100, engine={"num_blocks": 3}).num_blocks == 3  # yours wins, the check judges it
-    assert any("num_blocks=1 < 2 replicas" in w for w in config.check(PRESETS["text-cpu-offline"].override(
+    assert any("num_blocks=1 < 2 replicas" in w for w in plans.check(PRESETS["text-cpu-offline"].override(
         num_blocks=1, concurrency=2)))
     h200s = seen(*[("H200", 1, 139.8)] * 4)  # 16 CPUs a GPU: four engines each
     wide = fit(rows=20_000, gpus=h200s)
@@ -219,7 +219,7 @@ def test_a_gpus_read_blocks_hold_two_batches_or_more_for_many_engines_and_every_
     assert fit(rows=20_000, gpus=seen(*[("H200", 1, 139.8)] * 2)).num_blocks == -(-20_000 // (256 * 2))  # 8: 2
     short = fit(rows=2_000, gpus=h200s)  # a batch for each engine, and a block for each
     assert short.num_blocks == short.replicas == -(-2_000 // short.batch_size)
-    assert not [w for w in config.check(short, rows=2_000) if "num_blocks" in w]
+    assert not [w for w in plans.check(short, rows=2_000) if "num_blocks" in w]
     unknown = fit(gpus=seen(("H100", 1)))
     assert unknown.num_blocks >= 2 * unknown.replicas
 
@@ -260,18 +260,26 @@ def test_engine_defaults_are_what_vllm_llm_uses_there(monkeypatch):
         assert presets.engine_defaults(gpu) == (tokens[UsageContext.LLM_CLASS], seqs[UsageContext.LLM_CLASS])
 
 
-def test_vllm_accepts_the_kits_engine_arguments(smollm2_path):
+def test_vllm_accepts_the_kits_engine_arguments(smollm2_path, monkeypatch):
     """vLLM's own arguments take every preset's engine arguments (names as this vLLM spells them), and a
-    short CPU run's resolve to its single-process executor."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.executor.abstract import Executor
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    short CPU run's keep vLLM's single-process executor where the engines' environment says so (vLLM's CPU
+    platform turns "uni" into a worker process of its own otherwise)."""
+    from vllm import AsyncEngineArgs
+
+    from helpers.cluster import engine_env
 
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     for preset in PRESETS.values():
         assert set(preset.engine_args) <= fields, set(preset.engine_args) - fields
-    kwargs = fit(rows=12).engine_args
-    assert Executor.get_class(AsyncEngineArgs(model=str(smollm2_path), **kwargs).create_engine_config()) is UniProcExecutor
+    plan = fit(rows=12)
+
+    def backend() -> str:
+        return AsyncEngineArgs(model=str(smollm2_path), **plan.engine_args).create_engine_config().parallel_config.distributed_executor_backend
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", engine_env(plan, joined=False)["VLLM_ENABLE_V1_MULTIPROCESSING"])
+    assert backend() == "uni"
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    assert backend() == "mp" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_env(fit(rows=500), False)
 
 
 def test_the_context_is_fitted_to_the_requests_preprocess_really_sends(smollm2_path):
@@ -283,14 +291,14 @@ def test_the_context_is_fitted_to_the_requests_preprocess_really_sends(smollm2_p
         return {"messages": [{"role": "user", "content": " ".join(["word"] * words)}],
                 "sampling_params": {"max_tokens": max_tokens}}
 
-    short = config.fit_context(plan, [request(10)] * 5)
-    long = config.fit_context(plan, [request(10)] * 3 + [request(400)] * 3)
+    short = plans.fit_context(plan, [request(10)] * 5)
+    long = plans.fit_context(plan, [request(10)] * 3 + [request(400)] * 3)
     assert short.max_model_len == 64 and long.max_model_len > 400 and long.max_model_len % 64 == 0
     assert "P99 of your requests" in dict(long.reasons)["max_model_len"]
     mine = fit(engine={"max_model_len": 128})
-    assert config.fit_context(mine, [request(10)]).max_model_len == 128
+    assert plans.fit_context(mine, [request(10)]).max_model_len == 128
     with pytest.raises(ConfigurationError, match="max_model_len=128 .ENGINE. is shorter than your requests need"):
-        config.fit_context(mine, [request(400)])
+        plans.fit_context(mine, [request(400)])
 
 
 def test_an_images_context_counts_its_vision_tokens_with_the_models_processor():
@@ -308,10 +316,10 @@ def test_an_images_context_counts_its_vision_tokens_with_the_models_processor():
                                                           {"type": "image_pil", "image_pil": image}]}],
                 "sampling_params": {"max_tokens": 32}}
 
-    short = config.request_tokens(plan, request("Describe it."))
+    short = plans.request_tokens(plan, request("Describe it."))
     assert short > 64 + 32  # the image's 64 vision tokens and the answer's 32, with the template
-    longer = config.fit_context(plan, [request("Describe this image " * 60)])
-    assert longer.max_model_len > plan.max_model_len and longer.max_model_len >= config.request_tokens(plan, request("Describe this image " * 60))
+    longer = plans.fit_context(plan, [request("Describe this image " * 60)])
+    assert longer.max_model_len > plan.max_model_len and longer.max_model_len >= plans.request_tokens(plan, request("Describe this image " * 60))
 
 
 def test_auto_captions_take_two_engines_per_gpu_once_their_requests_are_measured_short():
@@ -331,7 +339,7 @@ def test_auto_captions_take_two_engines_per_gpu_once_their_requests_are_measured
                                                           {"type": "image_pil", "image_pil": picture}]}],
                 "sampling_params": {"max_tokens": 32}}
 
-    short = config.fit_context(plan, [request(5)])
+    short = plans.fit_context(plan, [request(5)])
     assert (short.concurrency, short.replicas_per_gpu, short.gpus, short.max_model_len) == (4, 2, 2, 192)
     assert short.engine_args["gpu_memory_utilization"] == 0.44 and short.kv_cache_budget is not None
     assert short.batch_size * short.max_concurrent_batches >= 2 * 1.1 * short.max_num_seqs
@@ -339,12 +347,12 @@ def test_auto_captions_take_two_engines_per_gpu_once_their_requests_are_measured
     why = dict(short.reasons)
     assert "two copies of the weights fit" in why["replicas_per_gpu"] and "P99 of your requests" in why["max_model_len"]
     assert short.model_path == plan.model_path and short.fitted_to == plan.fitted_to
-    long = config.fit_context(plan, [request(1200)])  # long requests keep one engine per GPU
+    long = plans.fit_context(plan, [request(1200)])  # long requests keep one engine per GPU
     assert (long.concurrency, long.replicas_per_gpu) == (2, 1) and long.max_model_len > 1024
     mine = fit("vision", engine={"replicas_per_gpu": 1}, gpus=seen(("H200", 2, 139.8)))
-    assert config.fit_context(mine, [request(5)]).replicas_per_gpu == 1  # yours is kept
+    assert plans.fit_context(mine, [request(5)]).replicas_per_gpu == 1  # yours is kept
     text = fit(gpus=seen(("H100", 1)))  # short text had two already; its context fitted, the rest as planned
-    fitted = config.fit_context(text, [{"messages": [{"role": "user", "content": "Acme"}], "sampling_params": {"max_tokens": 8}}])
+    fitted = plans.fit_context(text, [{"messages": [{"role": "user", "content": "Acme"}], "sampling_params": {"max_tokens": 8}}])
     assert (fitted.concurrency, fitted.replicas_per_gpu, fitted.max_model_len) == (2, 2, 64)
 
 

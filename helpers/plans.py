@@ -9,8 +9,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pandas as pd
-
 from helpers import cluster, models
 from helpers.parameters import Explained, closest, is_int, is_number, literal, positive_int, raise_if, text
 from helpers.presets import (CPU_PRESET, DEFAULT_GPU_PRESET, GIB, GPUS, OFFLINE, PRESETS, Preset, engine_defaults,
@@ -229,27 +227,6 @@ def check(p: Preset, rows: int | None = None) -> list[str]:
     if errors:
         raise ConfigurationError("Configuration errors:\n  - " + "\n  - ".join(errors))
     return warnings
-
-
-SHOWN = ("model_source", "accelerator_type", "concurrency", "replicas_per_gpu", "tensor_parallel_size", "batch_size",
-         "max_concurrent_batches", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
-         "enforce_eager", "torch_compile", "stage_cpus", "startup_timeout_s")
-
-
-def table(p: Preset) -> pd.DataFrame:
-    """Each setting: its value, where it came from (the preset, ``ENGINE``, or the kit) and why."""
-    why, rows = dict(p.reasons), []
-    for name in SHOWN:
-        value = p.step_tokens if name == "max_num_batched_tokens" else getattr(p, name)
-        origin = ("MODEL_SOURCE" if name == "model_source" else "ENGINE") if name in p.given else (
-            "the kit" if name in why else f"preset {p.name}")
-        rows.append({"setting": name, "value": repr(value), "from": origin, "why": "" if name in p.given else why.get(name, "")})
-    if p.engine_kwargs:
-        rows.append({"setting": "engine_kwargs", "value": repr(p.engine_kwargs), "from": "ENGINE", "why": "passed to vLLM"})
-    low, high = p.actor_pool
-    rows[2]["why"] = (rows[2]["why"] + "; " if rows[2]["why"] else "") + (
-        f"Ray gets ({low}, {high}): {'a fixed pool, all started at once' if low == high else 'an autoscaling pool'}")
-    return pd.DataFrame(rows, columns=["setting", "value", "from", "why"]).set_index("setting")
 
 
 @functools.lru_cache(maxsize=4)
