@@ -404,7 +404,7 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     import ray.serve  # noqa: F401  (importing it sets its logger's level: set here after, for the engines' start)
 
     raise_if(flag("VERBOSE", verbose))
-    needs = Needs(plan.replicas, plan.replicas,  # an engine each, and a stage actor sending it batches
+    needs = Needs(plan.replicas, plan.replicas,  # an engine each, and the share of a CPU its sending tasks take
                   plan.stage_cpus, plan.ray_type, plan.gpus_per_replica, plan.pipeline_parallel_size)
     address = os.environ.get("RAY_ADDRESS")
     joined = bool(address) and address != "local"

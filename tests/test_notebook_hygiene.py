@@ -158,7 +158,7 @@ def test_helpers_import_graph_has_no_circles():
             elif isinstance(node, ast.Import):
                 deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("helpers.")}
         graph[module.stem] = deps - {module.stem}
-    assert graph["config"] >= {"presets", "cluster", "models"}  # the graph is really read
+    assert graph["plans"] >= {"presets", "cluster", "models"}  # the graph is really read
     list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError on a circle
 
 
