@@ -85,18 +85,6 @@ def test_the_engines_environment_holds_no_secret_and_leaves_the_jobs_variables_t
     assert "HF_HUB_OFFLINE" not in cluster.engine_env(cpu, joined=True)  # Ray refuses to set it twice
 
 
-def test_the_engines_sample_without_flashinfers_sampler_which_vllm_compiles_with_nvcc_on_each_node(monkeypatch):
-    """vLLM 0.29 reads the variable as the kit sets it: no FlashInfer sampler, so no nvcc build at an
-    engine's first warm-up (minutes on a GPU node, and a failure where no CUDA toolkit is installed)."""
-    from vllm.platforms import current_platform
-    from vllm.v1.sample.ops import topk_topp_sampler
-
-    env = cluster.engine_env(PRESETS["text-llama8b-l4"], joined=False)
-    monkeypatch.setattr(current_platform, "is_cuda", lambda: True)  # as on a GPU node
-    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", env["VLLM_USE_FLASHINFER_SAMPLER"])
-    assert topk_topp_sampler.flashinfer_sampler_supported() is False
-
-
 def test_a_lone_local_cpu_engine_computes_on_every_core(monkeypatch):
     monkeypatch.setattr(cluster.os, "sched_getaffinity", lambda pid: {0, 1, 3}, raising=False)
     cpu = PRESETS["text-cpu-offline"]

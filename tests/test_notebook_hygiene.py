@@ -214,6 +214,21 @@ def test_rays_internals_are_used_in_one_module_each_use_marked_with_the_version_
     assert set(users) <= {"cluster.py"}, users
 
 
+def test_no_internal_module_of_vllm_or_ray_in_what_a_user_runs_or_copies(tmp_path):
+    """Helpers, notebooks, templates and a project copied from each use case name no module of vLLM's or Ray's
+    that is not their public API (vLLM's ``v1``, ``entrypoints``, ``engine``, ``executor``; Ray Data LLM's
+    ``_internal``), import or class-path string; Ray's ``_private`` only in ``helpers/cluster.py``, each use
+    marked (above). A copied project lives through upgrades on public APIs alone."""
+    new_project = load_script("new_project")
+    files = [*(REPO / "helpers").glob("*.py"), *NOTEBOOKS, *(p for p in (REPO / "templates").rglob("*") if p.is_file())]
+    for use_case in ("text_classification", "vlm_captioning"):
+        files += [p for p in new_project.create(use_case, tmp_path / use_case, "a-job").rglob("*") if p.is_file()]
+    hits = [f"{p}:{i}: {line.strip()}" for p in files if p.suffix not in (".tar", ".safetensors", ".gguf", ".parquet")
+            for i, line in enumerate(p.read_text(errors="ignore").splitlines(), 1) if new_project.INTERNALS.search(line)
+            and not (p.name == "cluster.py" and "._private" in line and "llm._internal" not in line)]
+    assert not hits, hits
+
+
 def test_no_trick_on_rays_or_pythons_internals_to_hide_a_line_or_save_seconds():
     """An int whose comparison had side effects, file descriptor 2 rerouted through a pipe to hide one
     log line, a frozen object of Ray's mutated, an import thread with a hand-kept list: each gone."""

@@ -245,20 +245,6 @@ def test_gpu_engines_capture_graphs_for_the_kits_few_sizes_and_do_not_compile_un
     assert "compilation_config" not in fit().engine_args
 
 
-def test_engine_defaults_are_what_vllm_llm_uses_there(monkeypatch):
-    """The kit's copy of vLLM's offline batch defaults matches the installed vLLM's own rule."""
-    from vllm.engine import arg_utils
-    from vllm.usage.usage_lib import UsageContext
-
-    platform = arg_utils.current_platform
-    for gpu, memory, name in [("H100", 79.2, "NVIDIA H100 80GB HBM3"), ("L4", 22.0, "NVIDIA L4"), (None, 0.0, "cpu")]:
-        monkeypatch.setattr(platform, "get_device_total_memory", lambda *a, m=memory, **k: int(m * GIB), raising=False)
-        monkeypatch.setattr(platform, "get_device_name", lambda *a, n=name, **k: n, raising=False)
-        monkeypatch.setattr(platform, "is_cpu", lambda g=gpu: g is None)
-        monkeypatch.setattr(platform, "is_tpu", lambda: False)
-        tokens, seqs = arg_utils.EngineArgs.get_batch_defaults(world_size=1)
-        assert presets.engine_defaults(gpu) == (tokens[UsageContext.LLM_CLASS], seqs[UsageContext.LLM_CLASS])
-
 
 def test_vllm_accepts_the_kits_engine_arguments(smollm2_path, monkeypatch):
     """vLLM's own arguments take every preset's engine arguments (names as this vLLM spells them), and a
