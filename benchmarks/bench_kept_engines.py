@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                     profile(args.out / f"pyspy-{named}.txt", args.profile_after)
                 got[named] = report(named, consume(kit(task)(dataset(len(rows)))), gpus)
                 reruns(named, lambda task: kit(task)(dataset(args.rerun_rows)))
-                engines.free(quiet=True)  # the GPU to the next side
+                engines.free(kept, quiet=True)  # the GPU to the next side
             elif side == "kept":
                 print(f"kept: the deployment is ready in {deploy(plan, env):.1f} s", flush=True)
                 got[named] = report(named, consume(kept_processor(plan, request_of(task, False), args.requests, batch, actors)(

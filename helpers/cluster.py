@@ -394,6 +394,18 @@ def engine_env(plan: Any, joined: bool) -> dict[str, str]:
 _connected: dict[str, tuple] = {}  # how this kernel started or joined Ray: a run with the same keeps it
 
 
+def stop() -> None:
+    """Ray stopped now where this kernel started it on this machine: its processes are the kernel's children,
+    and Jupyter's kernel shutdown waits up to 29 s for each child before Ray's own shutdown runs at exit (past
+    the 5 s Jupyter gives a kernel: papermill's SIGTERM, and Ray's stack trace in the log). A cluster this
+    kernel joined runs on (others' engines live there): the kernel leaves it as it ends."""
+    import ray
+
+    started = _connected.pop("ray", None)
+    if started and started[0] == "local" and ray.is_initialized() and started[-1] == ray.get_runtime_context().get_job_id():
+        ray.shutdown()
+
+
 def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     """Join the cluster ``RAY_ADDRESS`` names (a Ray job sets it) or start Ray here with room for every
     stage; ask the autoscaler for what is missing; refuse what can never be scheduled, or a model folder

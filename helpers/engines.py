@@ -138,6 +138,9 @@ def build_processor(config: Any, preprocess: Any = None, postprocess: Any = None
     import ray
     from ray import serve
 
+    if not ray.is_initialized():
+        raise EngineStartError("Ray is not running (the notebook's last cell stops it): run the cells again from "
+                               "'Start Ray and the engines'.")
     if no := refused(config, builder_kwargs):
         raise UnsupportedConfigError(f"The kit's kept engines cannot honour {', '.join(no)}. Leave them out, or run Ray's "
                                      "own processor (engines started each run): from ray.data.llm import build_processor.")
@@ -200,7 +203,8 @@ class Processor:
 
 
 def free(engines: Engines | str | None = None, quiet: bool = False) -> None:
-    """The engines stopped (``engines``, an application's name, or None: this kernel's): their GPUs (or CPUs) go back."""
+    """The engines stopped (``engines``, an application's name, or None: this kernel's, and the Ray it started on
+    this machine, which the next run starts again): their GPUs (or CPUs) go back."""
     import ray
     from ray import serve
 
@@ -209,6 +213,8 @@ def free(engines: Engines | str | None = None, quiet: bool = False) -> None:
         if ray.is_initialized() and name in serve.status().applications:
             serve.delete(name)
             quiet or print("the engines are stopped: they hold no GPU or CPU now")
+    if engines is None:
+        cluster.stop()
 
 
 def _deployment(config: Any, name: str) -> Any:

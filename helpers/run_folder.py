@@ -61,6 +61,9 @@ def _record(where: Location) -> dict[str, Any]:
         return {}
 
 
+_held: dict[str, _Lock] = {}  # the locks this process holds, by folder
+
+
 class _Lock:
     """This run's hold on ``where``: ``flock`` on a disk, a conditional object in a bucket."""
 
@@ -91,6 +94,9 @@ class _Lock:
         return f"run {str(record.get('run', '?'))[:8]} on {record.get('host')} (process {record.get('pid')})"
 
     def take(self) -> None:
+        if (left := _held.pop(str(self.where), None)) is not None:  # a run this kernel began, its cell failed before the write
+            left.release()
+        _held[str(self.where)] = self
         text = json.dumps({**self.record, "heartbeat": time.time()})
         if not self.where.remote:
             self.file = open(self.where.path, "a+")
@@ -133,6 +139,8 @@ class _Lock:
             done.set()
 
     def release(self) -> None:
+        if _held.get(str(self.where)) is self:
+            del _held[str(self.where)]
         if self.file is not None:
             self.file.close()  # the flock goes with it
             self.file = None

@@ -221,3 +221,21 @@ def test_a_run_in_a_bucket_records_and_publishes_its_files(s3):
     assert run.publish() == f"results in {path}: summary.json"
     assert (run.where / "summary.json").read_text() == "{}"
     assert json.loads((run.where / "run.json").read_text())["files"] == ["summary.json"]
+
+
+@pytest.mark.parametrize("where", ["disk", "bucket"])
+def test_a_run_this_kernel_began_and_left_before_its_write_gives_its_lock_to_the_next(where, s3, tmp_path):
+    """The run cell begins a run, then the processor stops it (its engines were freed): the cell run again in
+    the same kernel takes the folder; another process still may not."""
+    path = str(tmp_path / "out") if where == "disk" else f"s3://{BUCKET}/left-{time.time_ns()}"
+    folder = run_folder.open_folder(path)  # the check cell
+    left = folder.start(PLAN, functions(), id_column=None, settings={})  # the run cell: its lock never released
+    again = folder.start(PLAN, functions(), id_column=None, settings={})  # the run cell again
+    assert again.lock is not left.lock and left.lock.file is None
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    other = context.Process(target=_take, args=(path, results))
+    other.start()
+    other.join(60)
+    assert results.get(timeout=10) == "refused"
+    again.lock.release()
