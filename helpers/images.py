@@ -5,7 +5,7 @@ the vision encoder's grid, with Pillow, as vLLM and Hugging Face processors use 
 before anything starts, and read from a folder, a bucket or ``hf://`` in one of three layouts
 (``INPUT_FORMAT``): ``webdataset`` (``.tar`` shards, as BLIP3o ships), ``parquet`` (image bytes or
 the Hugging Face ``{bytes, path}`` struct) and ``images`` (a folder of files: a stray one is rejected,
-not skipped). Then the results, on a grid."""
+not skipped); or ``huggingface``, what ``datasets.load_dataset`` streams. Then the results, on a grid."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import functools
 import io
 import math
 import posixpath
+import re
 import tarfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -193,10 +194,11 @@ def _prepare(data: Any, max_tokens: int, keep_aspect: bool, max_pixels: int) -> 
     return PreparedImage(image, source_format, source_size, vision_tokens(*target))
 
 
-FORMATS = ("webdataset", "parquet", "images")
+FORMATS = ("webdataset", "parquet", "images", "huggingface")
 SOURCE, IMAGE, IMAGE_BYTES = "source", "image", "image_bytes"
 SAMPLE_ID = "sample_id"  # a webdataset sample's shard (its path under INPUT_PATH) and key
 ROW_HASH = "row_hash"  # Ray's hash of a parquet row's file and position
+ROW_NUMBER = "row_number"  # a datasets row's place in its dataset's order (huggingface, without ID_COLUMN)
 #: The columns every result row keeps of its image (never the image itself).
 KEPT = (SOURCE, "width", "height", "vision_tokens")
 
@@ -210,9 +212,10 @@ class ImageInput:
     fs: Any
     format: str
     image_column: str
-    id_column: str | None  # ID_COLUMN (parquet only)
+    id_column: str | None  # ID_COLUMN (parquet and huggingface only)
     rows: int | None
     rows_basis: str
+    dataset: Any = None  # huggingface: the datasets.Dataset or IterableDataset, its images left undecoded
 
     @property
     def shown(self) -> str:
@@ -221,6 +224,9 @@ class ImageInput:
     @property
     def source_id(self) -> str:
         """The column that identifies an image in the source as read: what resuming keys on."""
+        if self.format == "huggingface":  # webdataset samples by shard and key, as that layout names them
+            shards = {"__key__", "__url__"} <= set(self.dataset.features or {})
+            return self.id_column or (SAMPLE_ID if shards else ROW_NUMBER)
         return {"webdataset": SAMPLE_ID, "images": "path", "parquet": self.id_column or ROW_HASH}[self.format]
 
     @property
@@ -267,14 +273,56 @@ def count_images(files: list[str], layout: str, fs=None) -> tuple[int | None, st
         return None, f"could not be sized ({type(exc).__name__})"
 
 
+def huggingface_input(given: Any, image_column: str, id_column: str | None) -> ImageInput:
+    """A ``datasets`` dataset, or the "train" split ``datasets.load_dataset`` streams of ``given`` (a Hub id, a
+    local folder, or a file: its folder and name), its images left undecoded: the kit decodes each once, and a
+    broken one is a reject (``datasets`` raises mid-stream). Counted if in memory, else as its card says."""
+    import datasets
+
+    if isinstance(given, (datasets.Dataset, datasets.IterableDataset)):
+        named = [given.info.dataset_name or "in memory", *([str(given.split)] if given.split else [])]
+        dataset, path = given, f"datasets.{type(given).__name__}({', '.join(named)})"
+    elif not isinstance(given, str):
+        raise_if([f"INPUT_PATH is a {type(given).__name__}: pass one split of it, such as dataset['train']"])
+    else:
+        local = Path(given).expanduser().resolve()
+        path = str(local) if local.exists() else given
+        kwargs = {"path": str(local.parent), "data_files": local.name} if local.is_file() else {"path": path}
+        try:
+            dataset = datasets.load_dataset(**kwargs, split="train", streaming=True)
+        except Exception as exc:  # what datasets could not find or reach
+            call = ", ".join(f"{k}={v!r}" for k, v in {**kwargs, "split": "train", "streaming": True}.items())
+            raise_if([f"INPUT_PATH={storage.redact(path)!r}: datasets.load_dataset({call}) failed: "
+                      f"{type(exc).__name__}: {str(exc)[:500]}"])
+    for name, feature in (dataset.features or {}).items():
+        if isinstance(feature, datasets.Image):
+            dataset = dataset.cast_column(name, datasets.Image(decode=False))
+    if id_column is not None and dataset.features and id_column not in dataset.features:
+        raise_if([f"ID_COLUMN={id_column!r} is not a column of {path}; its columns: {list(dataset.features)}"])
+    if isinstance(dataset, datasets.Dataset):
+        rows, basis = len(dataset), f"counted: {len(dataset)} rows"
+    else:  # streaming: the size its card gives, if any
+        rows = getattr((dataset.info.splits or {}).get(str(dataset.split)), "num_examples", None) or None
+        basis = "as its card says" if rows else "streaming: not counted"
+    print(f"input: {storage.redact(path)} (huggingface; {basis})")
+    return ImageInput(path, None, "huggingface", image_column, id_column, rows, basis, dataset)
+
+
 def image_input(input_path: Any, input_format: Any, image_column: Any, id_column: Any) -> ImageInput:
-    """``INPUT_PATH`` (None: the bundled sample) checked with ``INPUT_FORMAT``, ``IMAGE_COLUMN`` and
-    ``ID_COLUMN`` (parquet only, and a column there); raise listing every problem."""
-    found = text("INPUT_PATH", input_path, optional=True) + text("IMAGE_COLUMN", image_column)
+    """``INPUT_PATH`` (None: the bundled sample; a ``datasets`` dataset is read as huggingface) checked with
+    ``INPUT_FORMAT``, ``IMAGE_COLUMN`` and ``ID_COLUMN`` (parquet and huggingface only, and a column there);
+    raise listing every problem."""
+    passed = type(input_path).__module__.split(".")[0] == "datasets"
+    found = ([] if passed else text("INPUT_PATH", input_path, optional=True)) + text("IMAGE_COLUMN", image_column)
     found += text("ID_COLUMN", id_column, optional=True)
     if input_format not in ("auto", *FORMATS):
-        found.append(f"INPUT_FORMAT must be auto, webdataset, parquet or images, got {input_format!r}")
+        found.append("INPUT_FORMAT must be auto, webdataset, parquet or images, or huggingface (what "
+                     f"datasets.load_dataset reads), got {input_format!r}")
+    elif passed and input_format not in ("auto", "huggingface"):
+        found.append(f"INPUT_PATH is a datasets {type(input_path).__name__}: set INPUT_FORMAT to 'huggingface' or 'auto'")
     raise_if(found)
+    if passed or input_format == "huggingface":
+        return huggingface_input(str(sample_path()) if input_path is None else input_path, image_column, id_column)
     try:
         path = str(sample_path()) if input_path is None else storage.absolute(input_path)
         fs = storage.filesystem(path)
@@ -327,6 +375,9 @@ def image_value(value: Any, field: str, read_path: Callable[[str], tuple[bytes, 
         return bytes(value), ""
     if isinstance(value, np.ndarray) and value.dtype == np.uint8 and value.ndim == 1:
         return value.tobytes(), ""
+    if isinstance(value, Image.Image):  # decoded by a datasets dataset of unknown features: kept lossless
+        value.save(buffer := io.BytesIO(), "TIFF", compression="tiff_adobe_deflate")
+        return buffer.getvalue(), ""
     return b"", f"not image bytes (the {field!r} value is a {type(value).__name__})"
 
 
@@ -387,6 +438,27 @@ def _from_parquet(batch: pd.DataFrame, image_column: str, id_column: str | None,
     return out
 
 
+def _from_huggingface(batch: pd.DataFrame, image_column: str, source_id: str, root: str) -> pd.DataFrame:
+    if source_id == SAMPLE_ID:  # the webdataset layout's ids; a Hub shard by its path in the repository
+        urls = [re.sub(r"^hf://datasets/[^/]+/[^/@]+(@[^/]+)?/", "", str(u)) for u in batch["__url__"]]
+        ids = [f"{relative_shard(u, root)}/{k}" for u, k in zip(urls, batch["__key__"])]
+        return _from_webdataset(batch.assign(**{SAMPLE_ID: ids}), image_column)
+    ids, local = batch[source_id].astype(str).tolist(), _reader("/", storage.resolve("/")[0])  # ID_COLUMN or number
+    pairs = image_values(batch, image_column, [local] * len(batch))  # a path without bytes: imagefolder's files
+    return _rows(ids, [f"row:{i}" for i in ids], pairs).assign(**{source_id: batch[source_id].to_numpy()})
+
+
+def _stream(_: Any, dataset: Any) -> Iterator[pd.DataFrame]:
+    """A ``datasets`` dataset's rows, numbered in its order, in one task, as Ray reads a streaming one; but not
+    with ``ray.data.from_huggingface``: that asks the Hub for parquet files first, local data too (offline it
+    raises), and reads Arrow batches, which ``datasets`` 5.2 gives a webdataset shard's last sample in another
+    column order (ArrowInvalid)."""
+    done = 0
+    for batch in dataset.iter(batch_size=256):
+        yield (frame := pd.DataFrame(batch)).assign(**{ROW_NUMBER: range(done, done + len(frame))})
+        done += len(frame)
+
+
 def _from_files(batch: pd.DataFrame) -> pd.DataFrame:
     paths = [str(p) for p in batch["path"]]
     return _rows(paths, [Path(p).name for p in paths], image_values(batch, "bytes")).assign(path=paths)
@@ -406,15 +478,20 @@ def read(source: ImageInput, *, num_blocks: int, num_cpus: float, limit: int | N
         ds = ray.data.read_parquet(source.path, include_paths=True, include_row_hash=not source.id_column, **common)
         fn, kwargs = _from_parquet, {"image_column": source.image_column, "id_column": source.id_column,
                                      "root": source.path, "filesystem": source.fs}
+    elif source.format == "huggingface":
+        ds = ray.data.from_items([0]).map_batches(_stream, fn_kwargs={"dataset": source.dataset}, num_cpus=num_cpus)
+        fn, kwargs = _from_huggingface, {"image_column": source.image_column, "source_id": source.source_id,
+                                         "root": source.path}
     else:
         ds = ray.data.read_binary_files(source.path, include_paths=True, **common)
         fn, kwargs = _from_files, {}
     first = ds.take(check_rows)
     if not first:
-        raise ParameterError(f"INPUT_PATH={source.path!r} holds no {source.format} rows: nothing to caption.")
+        raise ParameterError(f"INPUT_PATH={source.shown!r} holds no {source.format} rows: nothing to caption.")
     wanted = _fields(source.image_column)
     if source.format != "images" and not any(_present(v) for r in first for k, v in r.items() if str(k).lower() in wanted):
-        there = sorted({k for r in first for k, v in r.items() if _present(v) and not k.startswith("__")} - {"path", SAMPLE_ID, ROW_HASH})
+        there = sorted({k for r in first for k, v in r.items() if _present(v) and not k.startswith("__")}
+                       - {"path", SAMPLE_ID, ROW_HASH, ROW_NUMBER})
         raise ParameterError(f"none of the first {len(first)} {source.format} rows has a {source.image_column!r} value; "
                              f"they have: {there}. Set IMAGE_COLUMN to the field that holds the image bytes (alternatives "
                              "separated by ';').")

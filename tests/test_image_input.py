@@ -236,3 +236,132 @@ def test_the_tiny_vlm_is_a_qwen2_vl_with_its_special_tokens_and_a_template_for_i
         [{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_pil", "image_pil": None}]}],
         tokenize=False, add_generation_prompt=True)
     assert "<|vision_start|><|image_pad|><|vision_end|>" in text and text.endswith("<|im_start|>assistant\n")
+
+
+# --- INPUT_FORMAT="huggingface": what datasets.load_dataset reads, streaming, or a datasets object --------
+
+
+@pytest.fixture
+def datasets_cache(monkeypatch, tmp_path):
+    """datasets' locks and caches in the test's folder, not the user's."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets-cache")
+
+
+def decoded(rows) -> dict[str, tuple | str]:
+    """Each row's id: the size Pillow reads from its image bytes, or why there is none."""
+    def size(row):
+        try:
+            return Image.open(io.BytesIO(row[images.IMAGE_BYTES])).size
+        except Exception:
+            return row[REJECT_REASON] or "not an image"
+    return {r[ROW_ID]: size(r) for r in rows}
+
+
+def test_huggingface_input_is_loaded_checked_and_counted_before_anything_starts(tmp_path, datasets_cache):
+    import datasets
+
+    shard = images.image_input(str(images.sample_path()), "huggingface", "jpg", None)
+    assert (shard.format, shard.source_id, shard.rows, shard.kept[-1]) == ("huggingface", "sample_id", None, "sample_id")
+    assert shard.rows_basis == "streaming: not counted" and shard.dataset.features["jpg"].decode is False  # the kit decodes
+    (tmp_path / "carded").mkdir()  # a folder with a dataset card that counts its rows, as on the Hub
+    (tmp_path / "carded" / "s.tar").write_bytes(images.sample_path().read_bytes())
+    (tmp_path / "carded" / "README.md").write_text(
+        "---\ndataset_info:\n  splits:\n  - name: train\n    num_bytes: 1\n    num_examples: 24\n---\n")
+    assert images.image_input(str(tmp_path / "carded"), "huggingface", "jpg", None).rows == 24
+    photos = datasets.Dataset.from_dict({"image": [Image.new("RGB", (60, 40))], "key": ["a"]})
+    passed = images.image_input(photos, "auto", "image", None)  # an object: auto reads it through datasets
+    assert (passed.format, passed.rows, passed.source_id, passed.shown) == ("huggingface", 1, "row_number",
+                                                                            "datasets.Dataset(in memory)")
+    assert images.image_input(photos.to_iterable_dataset(), "auto", "image", "key").source_id == "key"
+    with pytest.raises(ParameterError, match="ID_COLUMN='id' is not a column of datasets.Dataset"):
+        images.image_input(photos, "auto", "image", "id")
+    with pytest.raises(ParameterError, match="INPUT_PATH is a datasets Dataset: set INPUT_FORMAT to 'huggingface'"):
+        images.image_input(photos, "parquet", "image", None)
+    with pytest.raises(ParameterError, match=r"INPUT_PATH is a DatasetDict: pass one split of it, such as dataset\['train'\]"):
+        images.image_input(datasets.DatasetDict(train=photos), "auto", "image", None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ParameterError, match=r"datasets.load_dataset\(path='.*empty', split='train', streaming=True\) "
+                                             r"failed: EmptyDatasetError"):
+        images.image_input(str(tmp_path / "empty"), "huggingface", "jpg", None)
+
+
+def test_webdataset_samples_through_datasets_are_named_by_shard_and_key_a_hub_shard_whatever_the_revision():
+    def ids(url, root):
+        batch = pd.DataFrame({"__url__": [url], "__key__": ["k"], "jpg": [{"bytes": b"x", "path": "k.jpg"}]})
+        out = images._from_huggingface(batch, "jpg", images.SAMPLE_ID, root)
+        return out[ROW_ID][0], out[images.SOURCE][0], out[images.IMAGE_BYTES][0]
+
+    repo = "BLIP3o/BLIP3o-Pretrain-Short-Caption"
+    assert ids(f"hf://datasets/{repo}@0123abcd/data/00001.tar", repo) == ("data/00001.tar/k", "data/00001.tar:k", b"x")
+    assert ids(f"hf://datasets/{repo}/00001.tar", repo)[0] == "00001.tar/k"
+    assert ids("/data/wds/train/000000.tar", "/data/wds")[0] == "train/000000.tar/k"
+    assert ids("/data/wds/train/000000.tar", "datasets.Dataset(in memory)")[0] == "data/wds/train/000000.tar/k"
+
+
+def test_a_pillow_image_from_datasets_becomes_lossless_bytes():
+    image = Image.new("CMYK", (30, 20), (0, 200, 30, 5))
+    data, reason = images.image_value(image, "image")
+    assert reason == "" and np.array_equal(np.asarray(Image.open(io.BytesIO(data))), np.asarray(image))
+
+
+@pytest.mark.slow
+def test_the_sample_shard_through_datasets_gives_the_webdataset_layouts_rows(local_ray, datasets_cache):
+    """datasets decodes a webdataset's images itself and raises at the first broken one; its Arrow
+    batches put each shard's last sample's columns in another order; Ray's from_huggingface asks the
+    Hub first. Read as the kit reads it, the shard gives the rows the webdataset layout gives."""
+    through_datasets = read(images.sample_path(), "huggingface", "jpg").take_all()
+    as_webdataset = read(images.sample_path(), "webdataset", "jpg").take_all()
+    assert len(through_datasets) == len(as_webdataset) == 24
+    by_id = {r[ROW_ID]: r for r in as_webdataset}
+    assert {r[ROW_ID]: r[images.IMAGE_BYTES] for r in through_datasets} == {i: r[images.IMAGE_BYTES] for i, r in by_id.items()}
+    assert all(r[images.SOURCE] == by_id[r[ROW_ID]][images.SOURCE] for r in through_datasets)
+    assert all(r[images.SAMPLE_ID] == r[ROW_ID] for r in through_datasets)
+    prepared = images.prepare_batch(pd.DataFrame(through_datasets), max_tokens=16)
+    expected = images.prepare_batch(pd.DataFrame(as_webdataset), max_tokens=16)
+    assert sorted(zip(prepared[ROW_ID], prepared[REJECT_REASON], prepared["width"])) == sorted(
+        zip(expected[ROW_ID], expected[REJECT_REASON], expected["width"]))
+    assert sorted(prepared[prepared[REJECT_REASON] != ""][ROW_ID]) == sorted(
+        f"sample-000000.tar/{k}" for k in ("broken_bomb", "broken_empty", "broken_not_an_image", "broken_truncated",
+                                           "broken_truncated_png", "broken_truncated_webp"))
+    again = read(images.sample_path(), "huggingface", "jpg", num_blocks=2).take_all()
+    assert sorted(r[ROW_ID] for r in again) == sorted(r[ROW_ID] for r in through_datasets)  # resume keys on them
+
+
+@pytest.mark.slow
+def test_a_folder_of_image_files_through_datasets_is_read_from_the_paths_it_names(local_ray, tmp_path, datasets_cache):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "a.jpg").write_bytes(jpeg(size=(16, 10)))
+    (tmp_path / "folder" / "b.png").write_bytes(b"not an image")
+    rows = read(tmp_path / "folder", "huggingface", "image").take_all()  # datasets' imagefolder: {bytes: None, path}
+    assert decoded(rows) == {"0": (16, 10), "1": "not an image"}
+
+
+@pytest.mark.slow
+def test_a_datasets_dataset_passed_in_memory_or_streaming_gives_one_row_per_image(local_ray, datasets_cache):
+    """The same picture twice is two rows, numbered in the dataset's order, the same numbers every read;
+    bytes, Hugging Face image structs and images datasets decoded itself are all read."""
+    import datasets
+
+    red, blue = Image.new("RGB", (60, 40), (200, 0, 0)), Image.new("RGB", (30, 50), (0, 0, 200))
+    photos = datasets.Dataset.from_dict({"image": [red, blue, red]})
+    for given in (photos, photos.to_iterable_dataset(), photos.to_iterable_dataset()):  # streamed twice: the same ids
+        rows = images.read(images.image_input(given, "auto", "image;jpg", None), num_blocks=2, num_cpus=0.5).take_all()
+        assert decoded(rows) == {"0": (60, 40), "1": (30, 50), "2": (60, 40)}
+        assert sorted(r[images.ROW_NUMBER] for r in rows) == [0, 1, 2]
+    coded = datasets.Dataset.from_dict({"key": ["a", "b"], "png": [jpeg(size=(12, 8)), b"not an image"]})
+    rows = images.read(images.image_input(coded.to_iterable_dataset(), "auto", "jpg;png", "key"), num_blocks=2,
+                       num_cpus=0.5).take_all()
+    assert decoded(rows) == {"a": (12, 8), "b": "not an image"} and sorted(r["key"] for r in rows) == ["a", "b"]
+    prepared = images.prepare_batch(pd.DataFrame(rows).sort_values(ROW_ID), max_tokens=4)
+    assert prepared[REJECT_REASON].tolist() == ["", "not an image"]
+    unknown = datasets.IterableDataset.from_generator(pil_rows)  # no features: datasets yields Pillow images
+    rows = images.read(images.image_input(unknown, "auto", "image", None), num_blocks=1, num_cpus=0.5).take_all()
+    assert decoded(rows) == {"0": (9, 7)}
+    with pytest.raises(ParameterError, match=r"none of the first 3 huggingface rows has a 'png' value; they have: \['image'\]"):
+        images.read(images.image_input(photos, "auto", "png", None), num_blocks=1, num_cpus=0.5)
+
+
+def pil_rows():
+    yield {"image": Image.new("RGB", (9, 7), (10, 200, 10))}
