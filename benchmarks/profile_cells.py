@@ -25,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE_CELL = "pipeline.write("  # the run cell: the first that runs the pipeline (and writes results)
-ENGINES_CELL = "engines.start("  # the line that starts the engines (in the background): left out
+ENGINES_CELL = "build_processor(config"  # the cell that starts the engines (in the background): left out
 
 
 def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]]:
@@ -40,7 +40,9 @@ def code_cells(notebook: str, overrides: dict[str, str]) -> list[tuple[str, str]
             continue
         if PIPELINE_CELL in cell.source:
             break
-        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("display(") and ENGINES_CELL not in line)
+        if ENGINES_CELL in cell.source:
+            continue
+        source = "\n".join(line for line in cell.source.splitlines() if not line.startswith("display("))
         if "parameters" in cell.metadata.get("tags", []):
             for name, value in overrides.items():
                 ast.literal_eval(value)  # a literal, as the parameters cell takes

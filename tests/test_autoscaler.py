@@ -346,7 +346,7 @@ ray.init(address=sys.argv[1], log_to_driver=False)
 actors = [gcs_pb2.ActorTableData.FromString(a) for a in state._connect_and_get_accessor().get_actor_table(None, None)]
 print(json.dumps({
     "engines": [{"node": a.address.node_id.hex(), "resources": dict(a.required_resources)}
-                for a in actors if a.class_name.startswith("ServeReplica:text_classification")],  # an engine's replica
+                for a in actors if a.class_name.startswith("ServeReplica:kit-engines-")],  # an engine's replica
     "nodes": {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}}))
 """
 

@@ -381,9 +381,11 @@ def test_the_raw_side_sends_the_requests_the_notebooks_preprocess_sends(confiden
     from helpers import labels
 
     bench = load_script("bench_pipeline", folder="benchmarks")
-    text: dict = {"labels": labels}  # one namespace, as a kernel's (the prompt cell sets MAX_TOKENS first)
+    from types import SimpleNamespace
+
+    text: dict = {"labels": labels}  # one namespace, as a kernel's (the prompt cell makes choices first)
     exec(_parameters_and_preprocess("text_classification"), text)
-    text.update(MAX_TOKENS=8, CONFIDENCE=confidence)
+    text.update(choices=SimpleNamespace(max_tokens=8), CONFIDENCE=confidence)
     assert text["preprocess"]({text["TEXT_COLUMN"]: "Walmart"}) == bench.text_request("Walmart", text, 8)
     assert bench.text_request("Walmart", text, 8)["sampling_params"]["logprobs"] == (20 if confidence else None)
 
@@ -506,7 +508,7 @@ def test_cell_profiler_runs_each_notebooks_cells_up_to_the_pipeline_with_its_par
         assert parameters.index("\nLIMIT = 12") > parameters.index("LIMIT = None")  # set after, as papermill does
         # The cell it stops at is the notebook's run cell (the cell after the last one it runs).
         code = [c["source"] for c in json.loads((REPO / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
-                if c["cell_type"] == "code"]
+                if c["cell_type"] == "code" and profiler.ENGINES_CELL not in "".join(c["source"])]
         assert profiler.PIPELINE_CELL in "".join(code[len(cells)]) and any("cluster.start(" in s for s in sources)
     with pytest.raises(ValueError):
         profiler.code_cells("text_classification", {"LIMIT": "print('not a literal')"})

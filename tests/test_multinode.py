@@ -458,7 +458,7 @@ def engine_processes(processes: list) -> list:
     found = []
     for p in processes:
         with contextlib.suppress(psutil.Error):
-            if "ServeReplica:text_classification-engines" in (line := " ".join(p.cmdline())):
+            if "ServeReplica:kit-engines-" in (line := " ".join(p.cmdline())):
                 found.append((p, line))
     return found
 

@@ -37,7 +37,7 @@ def test_each_use_case_takes_only_the_helpers_it_imports(new_project):
         new_project.notebook_code(REPO / "notebooks" / "text_classification.ipynb")))
     vision = new_project.module_closure(new_project.helper_imports(
         new_project.notebook_code(REPO / "notebooks" / "vlm_captioning.ipynb")))
-    assert {"labels", "presets", "config", "pipeline", "run_folder", "text_data"} <= set(text)
+    assert {"labels", "presets", "plans", "pipeline", "run_folder", "text_data"} <= set(text)
     assert "images" not in text and "text_data" not in vision
     assert {"images", "presets", "pipeline"} <= set(vision) and "labels" not in vision
 
