@@ -21,6 +21,7 @@ import functools
 import math
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,7 +191,10 @@ class Processor:
         tasks an engine send its batches, together the CPU the chat template stage asks; NumPy batches, as Ray
         Data LLM's stages (with pandas', Arrow aborted the process on a GPU: "Slice offset ...")."""
         c, name = self.config, self.engines.ready().name
-        tasks = c.get_concurrency()["max_size"] * c.max_concurrent_batches
+        tasks = c.get_concurrency()["max_size"] * c.max_concurrent_batches  # what the engines take at once: no batch waits
+        # in Serve's queue (its wait would count against stall_timeout_s). Ray warns when a run has fewer batches than
+        # that (a short run, a LIMIT) and advises more blocks, which does not apply: that one warning is not shown.
+        warnings.filterwarnings("ignore", message=r"The maximum number of concurrent tasks for '[^']*MapBatches\(send\)'")
         if self.preprocess:  # what it returns goes on (Ray's carries your row's other columns too: return what postprocess needs)
             ds = ds.map(self.preprocess, **self.preprocess_map_kwargs)
         ds = ds.map_batches(send, fn_args=(name, _wait(c, STALL, 300), c.should_continue_on_error), batch_size=c.batch_size,
