@@ -113,10 +113,14 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
                 state["moved"] = time.monotonic()  # only slow (big files, say): looked at again in stall_s
 
     threading.Thread(target=watch, daemon=True, name="progress").start()
-    ended = False
+    ended, ignored = False, stall_s and signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # a job started in the background
+    if ignored and threading.current_thread() is threading.main_thread():  # ignores Ctrl-C: the stop above needs it
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield state
         ended = True
     finally:
         done.set()
+        if ignored and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         show(final=ended)  # "done in ..." only for a write that ended
