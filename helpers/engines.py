@@ -139,12 +139,12 @@ def build_processor(config: Any, preprocess: Any = None, postprocess: Any = None
     import ray
     from ray import serve
 
-    if not ray.is_initialized():
-        raise EngineStartError("Ray is not running (the notebook's last cell stops it): run the cells again from "
-                               "'Start Ray and the engines'.")
     if no := refused(config, builder_kwargs):
         raise UnsupportedConfigError(f"The kit's kept engines cannot honour {', '.join(no)}. Leave them out, or run Ray's "
                                      "own processor (engines started each run): from ray.data.llm import build_processor.")
+    if not ray.is_initialized():
+        raise EngineStartError("Ray is not running (the notebook's last cell stops it): run the cells again from "
+                               "'Start Ray and the engines'.")
     job = ray.get_runtime_context().get_job_id()
     name, wanted = f"kit-engines-{job}", _settings(config)
     try:
@@ -187,9 +187,8 @@ class Processor:
     postprocess_map_kwargs: dict = field(default_factory=dict)
 
     def __call__(self, ds: Any) -> Any:
-        """``ds`` answered, lazily, once one engine answers (a first run waits here): ``max_concurrent_batches``
-        tasks an engine send its batches, together the CPU the chat template stage asks; NumPy batches, as Ray
-        Data LLM's stages (with pandas', Arrow aborted the process on a GPU: "Slice offset ...")."""
+        """``ds`` answered, lazily, once one engine answers (a first run waits here); NumPy batches, as Ray Data
+        LLM's stages (with pandas', Arrow aborted the process on a GPU: "Slice offset ...")."""
         c, name = self.config, self.engines.ready().name
         tasks = c.get_concurrency()["max_size"] * c.max_concurrent_batches  # what the engines take at once: no batch waits
         # in Serve's queue (its wait would count against stall_timeout_s). Ray warns when a run has fewer batches than
@@ -207,8 +206,7 @@ class Processor:
 
 
 def free(engines: Engines | str | None = None, quiet: bool = False) -> None:
-    """The engines stopped (``engines``, an application's name, or None: this kernel's, and the Ray it started on
-    this machine, which the next run starts again): their GPUs (or CPUs) go back."""
+    """The engines stopped (``engines``, an app's name, or None: this kernel's, and the Ray it started here): GPUs go back."""
     import ray
     from ray import serve
 
@@ -222,8 +220,7 @@ def free(engines: Engines | str | None = None, quiet: bool = False) -> None:
 
 
 def _deployment(config: Any, name: str) -> Any:
-    """A replica per engine, on the config's placement: one bundle (a CPU, a GPU or a share of one) as the replica's
-    own; several (GPUs for tensor or pipeline parallelism) a placement group, the replica's CPU in the first."""
+    """A replica per engine: one bundle (a CPU, a GPU or a share) its own; several a placement group, its CPU first."""
     from ray import serve
 
     args = {k: v for k, v in config.engine_kwargs.items() if k != "task_type"}  # Ray's validator adds task_type
@@ -335,10 +332,9 @@ def _plain(value: Any) -> Any:
 
 
 def send(batch: dict[str, Any], name: str, timeout_s: float, go_on: bool = True) -> Any:
-    """A Ray Data task: a batch's requests to the engines in one call; a row failed before passes by. A batch
-    whose engine died (its node lost, its process killed) or hangs is sent again every few seconds, to the
-    engines Serve has (it replaces a dead one), for ``timeout_s`` in all; its rows are failed rows after (or,
-    with ``should_continue_on_error=False``, the run stops, as Ray Data LLM's does)."""
+    """A Ray Data task: a batch's requests to the engines in one call (a row failed before passes by); sent again
+    every few seconds while its engine is dead or hangs (Serve replaces it), for ``timeout_s`` in all, then its
+    rows fail (or, with ``should_continue_on_error=False``, the run stops, as Ray Data LLM's does)."""
     import pandas as pd
     from ray import serve
 

@@ -113,14 +113,14 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
                 state["moved"] = time.monotonic()  # only slow (big files, say): looked at again in stall_s
 
     threading.Thread(target=watch, daemon=True, name="progress").start()
-    ended, ignored = False, stall_s and signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # a job started in the background
-    if ignored and threading.current_thread() is threading.main_thread():  # ignores Ctrl-C: the stop above needs it
+    ended, deaf = False, signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # a job started in the background ignores
+    if ignored := bool(stall_s) and deaf and threading.current_thread() is threading.main_thread():  # Ctrl-C: the stop needs it
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield state
         ended = True
     finally:
         done.set()
-        if ignored and threading.current_thread() is threading.main_thread():
+        if ignored:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         show(final=ended)  # "done in ..." only for a write that ended
