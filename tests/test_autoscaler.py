@@ -351,6 +351,8 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # 2-3 min on a 2-core machine (a job on a cluster from zero runs in CI): make test-extended
 def test_auto_with_a_gpu_type_named_asks_a_cluster_that_scales_from_zero_for_it_and_runs_there(autoscaling_head,
                                                                                                  tmp_path):
     """PRESET="auto" on a cluster that starts with no GPU asked its autoscaler for nothing and waited out

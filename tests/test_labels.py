@@ -199,6 +199,7 @@ SHARED = ["Health Care", "Health Insurance", "Technology", "Retail"]  # two shar
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 4 min on a 2-core machine: make test-extended
 def test_the_kits_confidence_is_the_probability_vllm_gives_each_label_under_the_same_constraint(repo, smollm2_path, tmp_path):
     """One engine, SmolLM2, the notebook's prompt and choice constraint, three requests per company:
     the kit's (greedy, the notebook's logprobs, read as the kit's engines read vLLM's output); every

@@ -231,6 +231,7 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         kernel.close()
 
 
+@pytest.mark.extended  # 6-7 min on a 2-core machine (the text notebook's live kernel runs in CI): make test-extended
 def test_captioning_notebook_on_parquet_then_on_hub_shards_restarted_mid_run_and_resumed(hub, tmp_path):
     """Run all on Hugging Face parquet rows (the kit's whole corpus of awkward and broken files, a null
     image, the same bytes twice: two rows, never merged). Then restart the kernel, point INPUT_PATH at

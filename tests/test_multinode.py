@@ -464,6 +464,7 @@ def engine_processes(processes: list) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 7-8 min on a 2-core machine: make test-extended
 @pytest.mark.parametrize("two_nodes", [2], indirect=True)
 def test_an_engine_killed_then_a_node_lost_mid_run_the_run_ends_with_every_row_once(two_nodes, tmp_path):
     """Two nodes of 2 CPUs, the text notebook on them with two engines, as a cluster job runs it: one engine

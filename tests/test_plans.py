@@ -181,15 +181,15 @@ def test_engine_settings_win_and_the_table_says_where_each_value_came_from():
     assert table.loc["batch_size", "from"] == "ENGINE" and table.loc["batch_size", "why"] == ""
     assert table.loc["max_num_seqs", "from"] == "the kit" and table.loc["batch_size", "value"] == "32"
     assert "an autoscaling pool" in table.loc["concurrency", "why"]
-    assert "a fixed pool" in plans.table(fit(gpus=seen(("L4", 4)))).loc["concurrency", "why"]
+    assert "a fixed pool" in fit(gpus=seen(("L4", 4))).table().loc["concurrency", "why"]
     assert fit(engine={"engine_kwargs": {"load_format": "dummy"}}).engine_args["load_format"] == "dummy"
 
 
 def test_the_stages_and_the_dtype_are_decided_for_the_hardware(monkeypatch):
     h100 = seen(("H100", 1))
     assert (fit(gpus=h100).stage_cpus, fit().stage_cpus, fit(engine={"stage_cpus": 0.5}).stage_cpus) == (1.0, 0.1, 0.5)
-    monkeypatch.setattr(config, "_cpu_dtype", lambda: ("float32", "no bf16 here"))
-    assert fit().engine_args["dtype"] == "float32" and plans.table(fit()).loc["dtype", "why"] == "no bf16 here"
+    monkeypatch.setattr(plans, "_cpu_dtype", lambda: ("float32", "no bf16 here"))
+    assert fit().engine_args["dtype"] == "float32" and fit().table().loc["dtype", "why"] == "no bf16 here"
     assert "dtype" not in fit(gpus=h100).engine_args  # a GPU: the checkpoint's
 
 
