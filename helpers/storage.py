@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse, urlsplit, urlunsplit
 
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
 ENDPOINT_VARIABLE = "AWS_ENDPOINT_URL"
 #: Query parameters whose values are secrets (presigned S3/GCS URLs, Azure SAS, tokens, keys).
 _SECRET_QUERY = re.compile(r"sig|token|credential|secret|password|passwd|key|auth", re.IGNORECASE)
@@ -70,23 +73,20 @@ def filesystem(path: str):
     endpoint = os.environ.get(ENDPOINT_VARIABLE)
     if scheme(path) != "s3" or not endpoint:
         return None
-    from pyarrow import fs
-
     parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     # Seconds, not minutes, to learn that a store does not answer.
-    return fs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region,
-                           connect_timeout=5, request_timeout=60,
-                           retry_strategy=fs.AwsStandardS3RetryStrategy(max_attempts=3))
+    return pafs.S3FileSystem(endpoint_override=parsed.netloc, scheme=parsed.scheme or "https", region=region,
+                             connect_timeout=5, request_timeout=60,
+                             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3))
 
 
 def hub_filesystem():
     """The Hub as a pyarrow filesystem, as Ray Data's docs show; ``HF_TOKEN`` comes from each process's
     environment, never passed or stored. A fresh instance: fsspec's cached one keeps old answers."""
     from huggingface_hub import HfFileSystem
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-    return PyFileSystem(FSSpecHandler(HfFileSystem(skip_instance_cache=True)))
+    return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem(skip_instance_cache=True)))
 
 
 class HubPathError(FileNotFoundError):
@@ -107,8 +107,6 @@ def _hub_problem(path: str, exc: BaseException) -> HubPathError:
 
 def resolve(path: str, fs=None) -> tuple[Any, str]:
     """``(filesystem, path within it)``: ``fs`` when given, else the one pyarrow infers."""
-    from pyarrow import fs as pafs
-
     if fs is None and scheme(path) == "hf":
         fs = hub_filesystem()
     if fs is None:
@@ -120,8 +118,6 @@ def list_files(path: str, fs=None) -> list[str]:
     """The files under ``path`` (itself, if a file; a web URL is one file), hidden ones left out, sorted."""
     if is_web(path):
         return [path]
-    from pyarrow import fs as pafs
-
     if scheme(path) == "hf":
         from huggingface_hub import HfFileSystem, constants
 
@@ -190,8 +186,6 @@ class Location:
                                           "use a local folder or a bucket (s3://, gs://)")
             fs, path = resolve(text.rstrip("/"), filesystem(text))
             return cls(text.rstrip("/"), fs, path.rstrip("/"))
-        from pyarrow import fs as pafs
-
         local = os.path.abspath(os.path.expanduser(text.removeprefix("file://")))
         return cls(local, pafs.LocalFileSystem(), local)
 
@@ -219,14 +213,10 @@ class Location:
         return self._type() == "File"
 
     def children(self) -> list[str]:
-        from pyarrow import fs as pafs
-
         return sorted(f.base_name for f in self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True)))
 
     def files(self, suffix: str = ".parquet") -> list[tuple[Location, float]]:
         """``(file, modified at)`` for every file under this folder whose name ends with ``suffix``."""
-        from pyarrow import fs as pafs
-
         found = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=True, allow_not_found=True))
         prefix = self.uri[: len(self.uri) - len(self.path)]
         return sorted((Location(prefix + f.path, self.fs, f.path), f.mtime.timestamp() if f.mtime else 0.0)
@@ -288,8 +278,6 @@ class Location:
 
     def move_to(self, target: Location) -> None:
         """A rename on a disk; in object storage each object copied, then the originals deleted."""
-        from pyarrow import fs as pafs
-
         kind = self._type()
         if kind == "NotFound":
             return
@@ -306,13 +294,9 @@ class Location:
             self.fs.delete_dir(self.path)
 
     def upload(self, local: Path) -> None:
-        from pyarrow import fs as pafs
-
         pafs.copy_files(str(local), self.path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=self.fs)
 
     def parquet_rows(self) -> int:
-        import pyarrow.parquet as pq
-
         with self.fs.open_input_file(self.path) as f:
             return pq.ParquetFile(f).metadata.num_rows
 
@@ -326,8 +310,6 @@ def _s3():
 def check_reachable(location: Location, what: str = "OUTPUT_DIR") -> list[str]:
     """The names the folder holds; within seconds, an error naming a missing bucket, a store that does
     not answer or refused credentials."""
-    from pyarrow import fs as pafs
-
     bucket = location.path.split("/", 1)[0]
     try:
         if location.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
