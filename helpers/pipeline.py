@@ -16,7 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from helpers import progress
 from helpers.parameters import Explained
@@ -37,8 +41,6 @@ def _fails(what: str, exc: BaseException) -> str:
 
 def _unstorable(values: Mapping[str, Any]) -> list[str]:
     """The keys whose values no table column can hold (what Arrow cannot type)."""
-    import pyarrow as pa
-
     bad = []
     for key, value in values.items():
         try:
@@ -120,9 +122,6 @@ def finish(table, *, columns: Sequence[str], kept: Sequence[str] = ()):
     """An Arrow batch in ``columns``: rows that skipped or failed the engine get their ``stage`` and ``error``,
     keep the id and ``kept`` (as they entered: ``INPUT`` + name) and have nulls for yours. Columns Ray pickled
     (mixed types) are typed again (as Arrow infers, else text); Ray's ``row_hash`` as uint64, as resuming compares it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     n, names = table.num_rows, set(table.column_names)
 
     def text(name: str):
@@ -218,8 +217,6 @@ class Written:
 def steady_state(files: Sequence[tuple[float, int]], seconds: float) -> tuple[float, str]:
     """Rows per second once results flow: the slope of rows written over time, fitted over this run's
     result files; not claimed from fewer than 5, or ones that came within a tenth of the run."""
-    import numpy as np
-
     if len(files) < 5:
         return float("nan"), f"not measured: {len(files)} result files, fewer than 5"
     times, rows = np.array(sorted(files), dtype=float).T
@@ -248,9 +245,6 @@ def counted(ds, entered: str) -> tuple[int | None, list[dict[str, Any]]]:
 
 
 def _table(files: Sequence[Any]) -> pd.DataFrame:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     tables = [pq.read_table(f.path, filesystem=f.fs) for f in files]
     return pa.concat_tables(tables, promote_options="permissive").to_pandas() if tables else pd.DataFrame(columns=[STAGE, ERROR])
 
