@@ -16,6 +16,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from helpers import storage
 from helpers.parameters import ParameterError, raise_if, text
@@ -52,17 +54,12 @@ class CsvInput:
 
     @property
     def read_options(self):
-        import pyarrow.csv as pacsv
-
         return pacsv.ReadOptions(encoding=self.encoding)
 
     @property
     def convert_options(self):
         """Texts, ids and labels read as text: an id of digits, or ``1-800-Flowers`` after a run of
         numbers, would be typed as a number by the first block and fail the read at a later one."""
-        import pyarrow as pa
-        import pyarrow.csv as pacsv
-
         return pacsv.ConvertOptions(column_types={n: pa.string() for n in self.text_columns if n})
 
 
@@ -116,8 +113,6 @@ def encoding_problems(files: list[str], fs, encoding: str) -> list[str]:
 def count_rows(files: list[str], fs, head: bytes, encoding: str) -> tuple[int | None, str]:
     """The CSV's rows: counted in a file of at most a MiB, else the first MiB's (``head``, already read)
     scaled by the files' sizes."""
-    import pyarrow.csv as pacsv
-
     if storage.is_web(files[0]) or any(is_compressed(f) for f in files):
         return None, "a URL or compressed files do not say how many rows they hold"
     try:
@@ -138,8 +133,6 @@ def count_rows(files: list[str], fs, head: bytes, encoding: str) -> tuple[int | 
 def csv_input(input_path: str | None, text_column: Any, id_column: Any, label_column: Any) -> CsvInput:
     """``INPUT_PATH`` checked with ``TEXT_COLUMN``, ``ID_COLUMN`` and ``LABEL_COLUMN``: there, readable,
     holding those columns and rows, every file of one encoding; raise listing every problem."""
-    import pyarrow.csv as pacsv
-
     found = text("INPUT_PATH", input_path, optional=True) + text("TEXT_COLUMN", text_column)
     found += text("ID_COLUMN", id_column, optional=True) + text("LABEL_COLUMN", label_column, optional=True)
     raise_if(found)
