@@ -16,6 +16,7 @@ import math
 import posixpath
 import re
 import tarfile
+import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from helpers import storage
@@ -254,8 +257,6 @@ def count_images(files: list[str], layout: str, fs=None) -> tuple[int | None, st
             return len(files), f"counted: {len(files)} files"
         filesystem, wheres = storage.resolve(files[0], fs)[0], [storage.resolve(f, fs)[1] for f in files]
         if layout == "parquet":
-            import pyarrow.dataset as pads
-
             return pads.dataset(wheres, filesystem=filesystem, format="parquet").count_rows(), "counted: parquet footers"
         head, keys, end = storage.read_head(files[0], 8 << 20, fs), set(), 0
         with contextlib.suppress(tarfile.ReadError, EOFError), tarfile.open(fileobj=io.BytesIO(head), mode="r|") as tar:
@@ -332,8 +333,6 @@ def image_input(input_path: Any, input_format: Any, image_column: Any, id_column
             found.append(f"ID_COLUMN={id_column!r} applies to parquet input only; this input is {layout}, where each "
                          "image's id is its shard and key or its file path: set ID_COLUMN=None")
         elif id_column is not None:
-            import pyarrow.parquet as pq
-
             filesystem, where = storage.resolve(files[0], fs)
             if id_column not in (columns := pq.read_schema(where, filesystem=filesystem).names):
                 found.append(f"ID_COLUMN={id_column!r} is not a column of {storage.redact(path)}; its columns: {columns}")
@@ -529,8 +528,6 @@ def plot_captions(ds, captions: dict[str, str], path, count: int = 20, columns: 
     """The first ``count`` prepared images, read again as the model saw them, each with its file name and
     its caption (``captions``: by row id). Characters the chart's font cannot draw (an untrained model
     emits them) show as a middle dot, not as boxes that read as an encoding bug."""
-    import textwrap
-
     import matplotlib.pyplot as plt
     from matplotlib import font_manager
     from matplotlib.ft2font import FT2Font
