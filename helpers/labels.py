@@ -21,9 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from helpers.parameters import flag, number_in, raise_if, text
+from helpers.plans import tokenizer as load
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 CONFIDENCE, RUNNER_UP, RUNNER_UP_CONFIDENCE, UNRESOLVED = "confidence", "runner_up", "runner_up_confidence", "confidence_unresolved"
@@ -51,8 +53,6 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
     """Tokens the longest answer can take in the model's tokenizer: under a grammar the model may spell a
     label in finer pieces than the tokenizer's own (one token per character), so each label is counted
     both ways, plus the end-of-sequence token. Too few, and answers come back cut ("Manufacturi")."""
-    from helpers.plans import tokenizer as load
-
     encode = functools.partial((load(plan) if hasattr(plan, "model_path") else plan).encode, add_special_tokens=False)
     return max(max(len(encode(label)), sum(len(encode(ch)) for ch in label)) for label in labels) + 1
 
@@ -60,8 +60,6 @@ def max_tokens(plan: Any, labels: Sequence[str]) -> int:
 def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
     """Each token a label can be spelled with, and its text; the special ones (the answer's end) "": the
     only tokens the structured-output mask allows (one pass over the vocabulary, ~1 s for 128,000)."""
-    from helpers.plans import tokenizer as load
-
     tokenizer = load(plan) if hasattr(plan, "model_path") else plan
     raw = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     # A SentencePiece token decoded alone loses its leading spaces ("▁Estate" -> "Estate"): put back, as vLLM does.
@@ -165,8 +163,6 @@ def above_thresholds(truth: pd.Series, predicted: pd.Series, conf: pd.Series,
 
 def reliability(truth: pd.Series, predicted: pd.Series, conf: pd.Series, bins: int = 10) -> pd.DataFrame:
     """Accuracy per confidence bin: a calibrated model's accuracy equals its confidence."""
-    import numpy as np
-
     known = conf.notna()
     grouped = pd.DataFrame({"bin": pd.cut(conf[known].astype(float), np.linspace(0, 1, bins + 1), include_lowest=True),
                             "right": (truth[known] == predicted[known]).astype(float),
