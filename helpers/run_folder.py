@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from typing import Any
 import psutil
 
 from helpers import storage
+from helpers.cluster import blind_nodes
 from helpers.pipeline import first_rows
 from helpers.parameters import Explained, flag, raise_if, text
 from helpers.storage import Location
@@ -152,8 +154,6 @@ class _Lock:
 
 def describe(value: Any) -> Any:
     """``value`` (a request) as stable JSON: objects as their text without addresses, images with a hash of their pixels."""
-    import re
-
     return json.loads(json.dumps(value, default=lambda v: re.sub(r" at 0x[0-9a-fA-F]+", "", f"{type(v).__name__}{getattr(v, 'shape', '')}: {v}")
                                  + (f" sha256:{hashlib.sha256(v.tobytes()).hexdigest()[:16]}" if hasattr(v, "tobytes") else "")))
 
@@ -364,8 +364,6 @@ def add_file(where: Location, local: Path, name: str) -> None:
 def every_node_sees(folder: Path) -> None:
     """On several nodes, a marker written here must read back on each: Ray writes results on the node
     that holds them, and a folder only this machine sees would lose rows."""
-    from helpers.cluster import blind_nodes
-
     token = uuid.uuid4().hex
     marker = folder / f".node-check-{token}"
     marker.write_text(token)
