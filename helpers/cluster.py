@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,34 +309,27 @@ def job_env() -> dict[str, Any]:
         return {}
 
 
-def on_each_node(fn: Callable[..., Any], args: Sequence[Any], nodes: Sequence[Mapping[str, Any]], timeout_s: float) -> list[Any]:
-    """``fn(*args)`` on each of ``nodes`` (``ray.nodes()``'s) at once, a zero-CPU task pinned there, never
-    retried; what each returned, or its error."""
+def blind_nodes(path: str, text: str, timeout_s: float = 120) -> list[str]:
+    """The addresses of the live nodes where ``path`` does not read as ``text`` (none with one node): Ray's
+    tasks read and write files on the node they run on. Read by a zero-CPU task pinned to each, never retried."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    task = ray.remote(num_cpus=0, max_retries=0)(fn)
-    refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(*args)
-            for n in nodes]
-    deadline, answers = time.monotonic() + timeout_s, []
-    for ref in refs:
-        try:
-            answers.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
-        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as exc:
-            answers.append(exc)
-    return answers
-
-
-def blind_nodes(path: str, text: str, timeout_s: float = 120) -> list[str]:
-    """The addresses of the live nodes where ``path`` does not read as ``text`` (none with one node):
-    Ray's tasks read and write files on the node they run on."""
-    import ray
 
     nodes = [n for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else []
     if len(nodes) <= 1:
         return []
-    seen = on_each_node(lambda p: Path(p).read_text() if Path(p).is_file() else "", [path], nodes, timeout_s)
-    return [n["NodeManagerAddress"] for n, answer in zip(nodes, seen) if answer != text]
+    read = ray.remote(num_cpus=0, max_retries=0)(lambda p: Path(p).read_text() if Path(p).is_file() else "")
+    refs = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(path)
+            for n in nodes]
+    deadline, blind = time.monotonic() + timeout_s, []
+    for node, ref in zip(nodes, refs):
+        try:
+            seen = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            seen = None  # no answer: that node is counted blind
+        if seen != text:
+            blind.append(node["NodeManagerAddress"])
+    return blind
 
 
 class NodeLocalModelError(Explained, RuntimeError):
