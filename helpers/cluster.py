@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import math
 import os
 import time
@@ -403,8 +404,6 @@ def start(plan: Any, verbose: bool = False) -> dict[str, str]:
     """Join the cluster ``RAY_ADDRESS`` names (a Ray job sets it) or start Ray here with room for every
     stage; ask the autoscaler for what is missing; refuse what can never be scheduled, or a model folder
     some node does not see. Returns the engines' environment variables."""
-    import logging
-
     import ray
     import ray.serve  # noqa: F401  (importing it sets its logger's level: set here after, for the engines' start)
 
