@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from helpers import cluster, models
+from helpers.engines import chat
 from helpers.parameters import Explained, closest, is_int, is_number, literal, positive_int, raise_if, text
 from helpers.presets import (CPU_PRESET, DEFAULT_GPU_PRESET, GIB, GPUS, OFFLINE, PRESETS, Preset, engine_defaults,
                              memory_budget, model_shape, names)
@@ -242,20 +243,16 @@ def tokenizer(p: Preset):
 
 
 def request_tokens(p: Preset, request: Mapping[str, Any]) -> int:
-    """Tokens of one request as the engine sees it: the chat template applied, each image's vision
-    tokens (the model's processor), and the answer's ``max_tokens``."""
-    messages = request["messages"]
-    images = [part.get("image_pil") for m in messages if isinstance(m["content"], list) for part in m["content"]
-              if part.get("type") != "text"]
+    """Tokens of one request as the kit's engines see it (:func:`helpers.engines.chat`): the chat template
+    applied, each image's vision tokens (the model's processor), and the answer's ``max_tokens``."""
+    messages, images = chat(request["messages"])
     answer = int(request.get("sampling_params", {}).get("max_tokens") or 0)
     if not images:
         tok = tokenizer(p)
         return len(tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
                        add_special_tokens=False)["input_ids"]) + answer
     processor = _load("AutoProcessor", p.model_path, p.trust_remote_code)
-    parts = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str) else
-              [part if part.get("type") == "text" else {"type": "image"} for part in m["content"]]} for m in messages]
-    prompt = processor.apply_chat_template(parts, tokenize=False, add_generation_prompt=True)
+    prompt = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return len(processor(text=[prompt], images=images)["input_ids"][0]) + answer
 
 
