@@ -56,9 +56,9 @@ def _committed(where: Location) -> list[Location]:
     return [f for f, _ in (where / CHECKPOINT).files() if not f.name.endswith(".pending.parquet")]
 
 
-def _record(where: Location) -> dict[str, Any]:
+def _record(where: Location, name: str = RUN_FILE) -> dict[str, Any]:
     try:
-        return json.loads((where / RUN_FILE).read_text())
+        return json.loads((where / name).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -70,16 +70,13 @@ class _Lock:
     """This run's hold on ``where``: ``flock`` on a disk, a conditional object in a bucket."""
 
     def __init__(self, where: Location):
-        self.where, self.file = where / LOCK, None
+        self.folder, self.where, self.file = where, where / LOCK, None
         self.record = {"run": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
                        "pids": os.path.exists(p := "/proc/self/ns/pid") and os.stat(p).st_ino}  # a container's own pids
 
     def holder(self) -> str:
         """Who holds the lock now, in words ("" when no live run does)."""
-        try:
-            record = json.loads(self.where.read_text())
-        except (OSError, ValueError):
-            record = {}
+        record = _record(self.folder, LOCK)
         if not self.where.remote:
             if self.file is not None:
                 return ""
@@ -120,7 +117,7 @@ class _Lock:
                 raise RunningElsewhereError(self._busy("another run that took it at the same moment"))
 
     def _busy(self, who: str) -> str:
-        return (f"OUTPUT_DIR={str(self.where)[: -len(LOCK) - 1]!r} is in use by {who}. Nothing was changed there. Wait "
+        return (f"OUTPUT_DIR={str(self.folder)!r} is in use by {who}. Nothing was changed there. Wait "
                 f"for it to end, stop it, or choose another OUTPUT_DIR.")
 
     @contextlib.contextmanager
