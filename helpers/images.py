@@ -116,9 +116,6 @@ def open_checked(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Ima
     return image
 
 
-_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
-
-
 def _scaled_to_8_bits(image: Image.Image) -> Image.Image:
     """A 16-bit, 32-bit integer or float greyscale image stretched to 0-255, through one float32 copy
     scaled in place (never float64: a 50-megapixel scan stays at 200 MB)."""
@@ -137,7 +134,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
     """Convert any Pillow mode to RGB: transparency onto white, 16-bit and float scaled to 8 bits."""
     if image.mode == "RGB":
         return image
-    if image.mode in (*_SIXTEEN_BIT, "I", "F"):
+    if image.mode in ("I", "F") or image.mode.startswith("I;16"):  # I;16, I;16B, I;16L, I;16N
         return _scaled_to_8_bits(image).convert("RGB")
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
