@@ -284,9 +284,7 @@ class Preset:
             kwargs["tensor_parallel_size"] = self.tensor_parallel_size
         if self.pipeline_parallel_size > 1:
             kwargs.update(pipeline_parallel_size=self.pipeline_parallel_size, distributed_executor_backend="ray")
-        for name in ("quantization", "dtype"):
-            if getattr(self, name):
-                kwargs[name] = getattr(self, name)
+        kwargs |= {name: getattr(self, name) for name in ("quantization", "dtype") if getattr(self, name)}
         return {**kwargs, **self.engine_kwargs}
 
     @property
