@@ -236,11 +236,10 @@ class Location:
         (gs://, ...) check, then write: two writers at the same moment can both succeed there."""
         if not self.remote:
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                with open(self.path, "x") as f:  # O_CREAT | O_EXCL
+                    f.write(text)
             except FileExistsError:
                 return False
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
             return True
         if scheme(self.uri) == "s3":
             return self._put_if(text, IfNoneMatch="*")
