@@ -171,7 +171,7 @@ def reliability(truth: pd.Series, predicted: pd.Series, conf: pd.Series, bins: i
                          "accuracy": grouped["right"].mean()})
 
 
-def plot_reliability(table: pd.DataFrame, path=None, title: str = "Confidence against accuracy"):
+def plot_reliability(table: pd.DataFrame, path, title: str = "Confidence against accuracy"):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 5), layout="tight")
@@ -182,8 +182,7 @@ def plot_reliability(table: pd.DataFrame, path=None, title: str = "Confidence ag
         ax.annotate(f"{int(row['rows'])}", (row["mean confidence"], row["accuracy"]), textcoords="offset points", xytext=(4, -10), fontsize=8)
     ax.set(xlim=(0, 1), ylim=(0, 1.02), xlabel="confidence (mean per bin; rows per bin marked)", ylabel="accuracy", title=title)
     ax.legend(loc="upper left")
-    if path is not None:
-        fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120)
     return fig
 
 
@@ -201,7 +200,7 @@ def confusion_matrix(truth: pd.Series, predicted: pd.Series, labels: Sequence[st
     return cm.astype(int)
 
 
-def plot_confusion_matrix(cm: pd.DataFrame, path=None, title: str = "Confusion matrix"):
+def plot_confusion_matrix(cm: pd.DataFrame, path, title: str = "Confusion matrix"):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 6), layout="tight")
@@ -213,12 +212,11 @@ def plot_confusion_matrix(cm: pd.DataFrame, path=None, title: str = "Confusion m
     for (i, j), value in pd.DataFrame(cm.values).stack().items():
         if value:
             ax.text(j, i, str(value), ha="center", va="center", color="white" if value > peak / 2 else "black", fontsize=9)
-    if path is not None:
-        fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120)
     return fig
 
 
-def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Series | None = None, path=None):
+def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Series | None, path):
     counts = pd.DataFrame({"predicted": predicted.value_counts().reindex(labels, fill_value=0)})
     if truth is not None:
         counts["true"] = truth.value_counts().reindex(labels, fill_value=0)
@@ -227,8 +225,7 @@ def plot_label_counts(predicted: pd.Series, labels: Sequence[str], truth: pd.Ser
     ax.set(xlabel="rows", ylabel="label", title="Labels: predicted" + (" vs true" if truth is not None else ""))
     fig = ax.get_figure()
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120)
     return fig
 
 
