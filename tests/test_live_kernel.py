@@ -160,9 +160,10 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
                     env=hub_env(url, HUB_TOKEN))
 
     def engines() -> list[str]:
-        """The engine replicas alive in the kernel's Ray: their actors' names (a new engine, a new name)."""
+        """The engine replicas alive in the kernel's Ray: their actors' names (a new engine, a new name); none
+        where Ray is stopped (asked then, Ray would start again: connecting to a cluster a stale file names, it hung)."""
         shown = kernel.run(0, source="print(sorted(a['name'] for a in ray.util.list_named_actors(all_namespaces=True) "
-                                     "if a['name'].startswith('SERVE_REPLICA')))")
+                                     "if a['name'].startswith('SERVE_REPLICA')) if ray.is_initialized() else [])")
         return eval(shown["stdout"])
 
     try:
@@ -212,8 +213,8 @@ def test_text_notebook_on_a_private_hub_csv_stepped_through_in_a_live_kernel(hub
         resumed = kernel.run(run_cell)
         assert resumed["error"] is None and "resuming an interrupted run" in resumed["stdout"]
         assert engines() == running
-        kernel.run_all(run_cell + 1)  # the last cell frees the engines
-        assert engines() == []
+        kernel.run_all(run_cell + 1)  # the last cell frees the engines, and stops the Ray it started
+        assert kernel.run(0, source="print(ray.is_initialized())")["stdout"].strip() == "False" and engines() == []
         predictions = pd.read_parquet(out / "predictions.parquet")
         rows = pd.concat([predictions, pd.read_parquet(out / "errors.parquet")])
         assert len(rows) == 59 and rows["row_id"].is_unique
