@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from helpers.parameters import flag, number_in, raise_if, text
-from helpers.plans import tokenizer as load
 
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
 CONFIDENCE, RUNNER_UP, RUNNER_UP_CONFIDENCE, UNRESOLVED = "confidence", "runner_up", "runner_up_confidence", "confidence_unresolved"
@@ -49,18 +48,26 @@ def check_prompt(labels: Any, task: Any, user_template: Any, temperature: Any, c
     raise_if(found)
 
 
+def _tokenizer(plan: Any) -> Any:
+    """A plan's tokenizer (or ``plan``, a tokenizer already). Imported here: Ray's workers import this module
+    with your ``postprocess`` and never need the planner (with it, cluster and engines) to read an answer."""
+    from helpers.plans import tokenizer
+
+    return tokenizer(plan) if hasattr(plan, "model_path") else plan
+
+
 def max_tokens(plan: Any, labels: Sequence[str]) -> int:
     """Tokens the longest answer can take in the model's tokenizer: under a grammar the model may spell a
     label in finer pieces than the tokenizer's own (one token per character), so each label is counted
     both ways, plus the end-of-sequence token. Too few, and answers come back cut ("Manufacturi")."""
-    encode = functools.partial((load(plan) if hasattr(plan, "model_path") else plan).encode, add_special_tokens=False)
+    encode = functools.partial(_tokenizer(plan).encode, add_special_tokens=False)
     return max(max(len(encode(label)), sum(len(encode(ch)) for ch in label)) for label in labels) + 1
 
 
 def pieces(plan: Any, labels: Sequence[str]) -> dict[int, str]:
     """Each token a label can be spelled with, and its text; the special ones (the answer's end) "": the
     only tokens the structured-output mask allows (one pass over the vocabulary, ~1 s for 128,000)."""
-    tokenizer = load(plan) if hasattr(plan, "model_path") else plan
+    tokenizer = _tokenizer(plan)
     raw = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     # A SentencePiece token decoded alone loses its leading spaces ("▁Estate" -> "Estate"): put back, as vLLM does.
     texts = [" " * max(0, len(r or "") - len((r or "").lstrip("▁")) - len(t) + len(t.lstrip(" "))) + t for r, t in
