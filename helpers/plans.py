@@ -22,7 +22,7 @@ ENGINE_KEYS = {
     "concurrency": lambda v: (is_int(v) and v >= 1) or (isinstance(v, (list, tuple)) and len(v) == 2  # n, or (min, max)
                                                        and all(is_int(x) for x in v) and 1 <= v[0] <= v[1]),
     "replicas_per_gpu": lambda v: is_int(v) and 1 <= v <= 8,
-    **dict.fromkeys(("batch_size", "max_model_len", "num_blocks", "max_concurrent_batches", "max_num_seqs",
+    **dict.fromkeys(("batch_size", "max_model_len", "num_blocks", "max_concurrent_batches", "max_num_seqs", "block_size",
                      "max_num_batched_tokens", "tensor_parallel_size", "pipeline_parallel_size"), lambda v: is_int(v) and v >= 1),
     **dict.fromkeys(("startup_timeout_s", "stall_timeout_s"), lambda v: is_int(v) and v >= 10),
     "gpu_memory_utilization": lambda v: is_number(v) and 0 < v <= 1,
@@ -184,6 +184,8 @@ def _decide(p: Preset, given: set[str], rows: int | None) -> Preset:
         why["batch_size"] = f"{rows:,} rows: a batch for each of the {p.replicas} engines"
     if p.dtype is None and not p.accelerator_type:
         changes["dtype"], why["dtype"] = _cpu_dtype()
+    if p.block_size is None and not p.accelerator_type:  # vLLM's CPU blocks hold 128 tokens, a GPU's 16
+        changes["block_size"], why["block_size"] = 32, "a CPU: short blocks, so every row reuses the system message's (prefix caching)"
     if rows is not None and p.accelerator_type and not ({"enforce_eager", "torch_compile"} & given) and rows <= SHORT_GPU_ROWS:
         changes["enforce_eager"], why["enforce_eager"] = True, f"{rows:,} rows: too few to repay CUDA-graph capture"
     if rows is not None and not p.accelerator_type and p.world == 1 and rows <= ONE_PROCESS_ROWS[p.task]:

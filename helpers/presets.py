@@ -129,7 +129,7 @@ NO_COMPILE = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
 
 SHOWN = ("model_source", "accelerator_type", "concurrency", "replicas_per_gpu", "tensor_parallel_size", "batch_size",
          "max_concurrent_batches", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "dtype",
-         "enforce_eager", "torch_compile", "stage_cpus", "startup_timeout_s")  # the settings table's rows
+         "block_size", "enforce_eager", "torch_compile", "stage_cpus", "startup_timeout_s")  # the settings table's rows
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,7 @@ class Preset:
     gpu_memory_utilization: float = 0.90  # of each GPU, for all the replicas on it
     quantization: str | None = None
     dtype: str | None = None  # None: the checkpoint's (a CPU: what it computes fastest, see config)
+    block_size: int | None = None  # tokens per KV-cache block; None: vLLM's (a CPU: 32, see plans)
     enforce_eager: bool = False
     torch_compile: bool = False
     stage_cpus: float | None = None  # Ray CPUs per light stage; None: decided by plans.fit
@@ -284,7 +285,7 @@ class Preset:
             kwargs["tensor_parallel_size"] = self.tensor_parallel_size
         if self.pipeline_parallel_size > 1:
             kwargs.update(pipeline_parallel_size=self.pipeline_parallel_size, distributed_executor_backend="ray")
-        kwargs |= {name: getattr(self, name) for name in ("quantization", "dtype") if getattr(self, name)}
+        kwargs |= {name: getattr(self, name) for name in ("quantization", "dtype", "block_size") if getattr(self, name)}
         return {**kwargs, **self.engine_kwargs}
 
     @property

@@ -185,12 +185,15 @@ def test_engine_settings_win_and_the_table_says_where_each_value_came_from():
     assert fit(engine={"engine_kwargs": {"load_format": "dummy"}}).engine_args["load_format"] == "dummy"
 
 
-def test_the_stages_and_the_dtype_are_decided_for_the_hardware(monkeypatch):
+def test_the_stages_the_dtype_and_the_kv_blocks_are_decided_for_the_hardware(monkeypatch):
     h100 = seen(("H100", 1))
     assert (fit(gpus=h100).stage_cpus, fit().stage_cpus, fit(engine={"stage_cpus": 0.5}).stage_cpus) == (1.0, 0.1, 0.5)
     monkeypatch.setattr(plans, "_cpu_dtype", lambda: ("float32", "no bf16 here"))
     assert fit().engine_args["dtype"] == "float32" and fit().table().loc["dtype", "why"] == "no bf16 here"
     assert "dtype" not in fit(gpus=h100).engine_args  # a GPU: the checkpoint's
+    # A CPU: blocks of 32 tokens, so the system message every row starts with is cached (vLLM's CPU blocks hold 128).
+    assert fit().engine_args["block_size"] == 32 and "prefix caching" in fit().table().loc["block_size", "why"]
+    assert "block_size" not in fit(gpus=h100).engine_args and fit(engine={"block_size": 64}).engine_args["block_size"] == 64
 
 
 def test_what_a_short_run_changes(smollm2_path):
