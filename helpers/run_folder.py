@@ -66,6 +66,11 @@ def _record(where: Location, name: str = RUN_FILE) -> dict[str, Any]:
 _held: dict[str, _Lock] = {}  # the locks this process holds, by folder
 
 
+def _release_left(where: Location) -> None:  # a run this kernel began whose cell failed before the write
+    if (left := _held.get(str(where / LOCK))) is not None and left.record["pid"] == os.getpid():  # not a forked parent's
+        left.release()
+
+
 class _Lock:
     """This run's hold on ``where``: ``flock`` on a disk, a conditional object in a bucket."""
 
@@ -93,8 +98,7 @@ class _Lock:
         return f"run {str(record.get('run', '?'))[:8]} on {record.get('host')} (process {record.get('pid')})"
 
     def take(self) -> None:
-        if (left := _held.pop(str(self.where), None)) is not None:  # a run this kernel began, its cell failed before the write
-            left.release()
+        _release_left(self.folder)
         _held[str(self.where)] = self
         text = json.dumps({**self.record, "heartbeat": time.time()})
         if not self.where.remote:
@@ -208,6 +212,7 @@ def open_folder(output_dir: Any, resume: Any = True, start_over: Any = False) ->
             f"OUTPUT_DIR={str(output_dir)!r} is not empty and was not written by this kit (it holds "
             f"{', '.join(sorted(others)[:5])}{' and more' if len(others) > 5 else ''}). A run moves its own earlier "
             "results aside there, so it needs a folder of its own: choose a new or empty one.")
+    _release_left(where)  # a kernel runs one cell at a time: no run of its own is live now
     live = _Lock(where).holder() if LOCK in names else ""
     if live:
         raise RunningElsewhereError(_Lock(where)._busy(live))
