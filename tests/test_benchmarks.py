@@ -369,6 +369,17 @@ def test_the_logprobs_benchmark_measures_each_variant_and_the_same_confidence_un
         assert float(table[name][5]) == 0.0 and "(8 of 8 rows with one)" in " ".join(table[name])
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # three engines on 8 prompts (outside CI's time)
+def test_the_block_size_benchmark_runs_each_variant_on_the_plans_engine_arguments(tmp_path, repo):
+    done = subprocess.run([sys.executable, "benchmarks/bench_block_size.py", "--rows", "8", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=900, cwd=repo)
+    assert done.returncode == 0, done.stderr[-3000:]
+    blocks = dict(re.findall(r"^(\S+): block_size (\d+), 8 rows in", done.stdout, re.M))
+    assert blocks["kit"] == blocks["no-cache"] and (blocks["kit"], blocks["vllm"]) in {("32", "128"), ("16", "16")}, blocks  # CPU, GPU
+    assert len(re.findall(r"^RATIO \S+ / vllm: [\d.]+x; answers equal \d+ of 8$", done.stdout, re.M)) == 3, done.stdout
+
+
 @pytest.mark.parametrize("confidence", [False, True])
 def test_the_raw_side_sends_the_requests_the_notebooks_preprocess_sends(confidence):
     """The raw vLLM side builds its requests with ``text_request`` / ``caption_request``; each notebook's
