@@ -89,10 +89,10 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
         if rows and state["first"] is None:
             state["first"] = (now, rows)
         t0, r0 = state["first"] or (now, rows)  # the rate since the first rows came, not the engine's start
-        if now > t0:
-            rate = (rows - r0) / (now - t0)
-        else:  # no rate yet; at the end, all the rows came at once: the whole run's
-            rate = rows / max(now - started, 1e-9) if final else 0.0
+        if final:  # the whole run's, as the summary counts it (a log samples the first rows only once a minute)
+            rate = rows / max(now - started, 1e-9)
+        else:
+            rate = (rows - r0) / (now - t0) if now > t0 else 0.0
         shown = line(now - started, rows, total, rate, about, final)
         if person:
             handle.update({"text/plain": shown}, raw=True)

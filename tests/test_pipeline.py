@@ -552,6 +552,18 @@ def test_progress_updates_one_line_in_jupyter_and_logs_a_line_when_headless(tmp_
         time.sleep(2.5)
     err = capfd.readouterr().err
     assert "[llm-batch-kit] pipeline started" in err and "rows written" in err
+    # The last line's rate is the whole run's: a log saw the first rows at its first line only, and the rate
+    # since then was 47 rows/s at the end of a 63 s run of 309 rows.
+    (tmp_path / "log").mkdir()
+    started = time.monotonic()
+    with progress.shown(run_folder.Location.of(tmp_path / "log"), total=None, about=False):
+        time.sleep(0.3)
+        pd.DataFrame({"x": range(4)}).to_parquet(tmp_path / "log" / "a.parquet")
+        time.sleep(1.5)
+        pd.DataFrame({"x": range(4)}).to_parquet(tmp_path / "log" / "b.parquet")
+    whole = 8 / (time.monotonic() - started)
+    (last,) = [line for line in capfd.readouterr().err.splitlines() if "done in" in line]
+    assert "8 rows written" in last and abs(float(last.split(", ")[-1].split()[0]) - whole) < 0.3, (last, whole)
 
 
 def test_a_run_with_no_new_row_stops_only_when_it_cannot_go_on(tmp_path, monkeypatch):
