@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,8 +31,6 @@ VARIANTS = ("kit", "vllm", "no-cache")
 
 def one(variant: str, rows: int, workdir: Path) -> dict:
     """One variant's engine and run, in this process."""
-    import os
-
     settings = b.run_settings("text", {})
     csv = b.text_input(rows, workdir / f"input-{rows}")
     spec = b.text_setup(csv, settings).spec

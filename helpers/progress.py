@@ -88,10 +88,10 @@ def shown(folder: Location, *, total: int | None, about: bool, every_s: float = 
             state["rows"], state["moved"] = rows, now
         if rows and state["first"] is None:
             state["first"] = (now, rows)
-        t0, r0 = state["first"] or (now, rows)  # the rate since the first rows came, not the engine's start
         if final:  # the whole run's, as the summary counts it (a log samples the first rows only once a minute)
             rate = rows / max(now - started, 1e-9)
-        else:
+        else:  # the rate since the first rows came, not the engine's start
+            t0, r0 = state["first"] or (now, rows)
             rate = (rows - r0) / (now - t0) if now > t0 else 0.0
         shown = line(now - started, rows, total, rate, about, final)
         if person:
